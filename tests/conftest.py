@@ -1,0 +1,140 @@
+"""Shared fixtures: private run directories, real monitors, scripted rank processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ft_core import FaultToleranceConfig, RankMonitorServer
+from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+
+
+@pytest.fixture
+def run_dir() -> Iterator[str]:
+    """A short private (0700) directory for sockets; removed after the test."""
+    path = tempfile.mkdtemp(prefix="ftt-", dir="/tmp")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class RankProcess:
+    """A scripted rank (tests/workers/scripted_rank.py) in its own session.
+
+    A reader thread turns its stdout JSON lines into events, so waiting for one is a bounded
+    queue read (no polling, no buffering surprises).
+    """
+
+    def __init__(self, steps: list, socket_path: str | None, env: dict[str, str] | None = None):
+        full_env = dict(os.environ)
+        full_env.pop(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR, None)
+        if socket_path is not None:
+            full_env[FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR] = socket_path
+        full_env.setdefault("RANK", "0")
+        full_env.setdefault("LOCAL_RANK", "0")
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKERS / "scripted_rank.py"), json.dumps(steps)],
+            env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True,
+        )
+        self._events: queue.Queue = queue.Queue()
+        self._stashed: list[dict] = []
+        self._reader = threading.Thread(target=self._read_stdout, daemon=True)
+        self._reader.start()
+
+    def _read_stdout(self) -> None:
+        for line in self.proc.stdout:
+            self._events.put(json.loads(line))
+        self._events.put(None)
+
+    def next_event(self, op: str, timeout: float = 30.0) -> dict:
+        """Return the next event with this op, waiting at most ``timeout`` seconds."""
+        for event in self._stashed:
+            if event["op"] == op:
+                self._stashed.remove(event)
+                return event
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                event = self._events.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                event = None
+            if event is None:
+                raise AssertionError(
+                    f"rank never reported {op!r}; exit={self.proc.poll()} stderr={self.stderr()}"
+                )
+            if event["op"] == op:
+                return event
+            self._stashed.append(event)
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "<running>"
+        return self.proc.stderr.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self._reader.join(10)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+
+
+@pytest.fixture
+def spawn_rank() -> Iterator:
+    """Factory: ``spawn_rank(steps, socket_path, env=None)`` -> RankProcess (killed at teardown)."""
+    ranks: list[RankProcess] = []
+
+    def factory(steps: list, socket_path: str | None, env: dict[str, str] | None = None) -> RankProcess:
+        rank = RankProcess(steps, socket_path, env)
+        ranks.append(rank)
+        return rank
+
+    yield factory
+    for rank in ranks:
+        rank.kill()
+
+
+@pytest.fixture
+def start_monitor(run_dir: str) -> Iterator:
+    """Factory: ``start_monitor(cfg, name='m')`` -> (handle, socket_path); stopped at teardown."""
+    handles = []
+
+    def factory(cfg: FaultToleranceConfig, name: str = "m") -> tuple:
+        path = os.path.join(run_dir, f"{name}.sock")
+        handle = RankMonitorServer.run_in_subprocess(cfg, path)
+        handles.append(handle)
+        return handle, path
+
+    yield factory
+    for handle in handles:
+        if handle.is_alive():
+            handle.terminate()
+            handle.join(10)
+        if handle.is_alive():
+            handle.kill()
+            handle.join(10)
+        assert not handle.is_alive()
