@@ -774,6 +774,7 @@ class MonitorProcess:
     def __init__(self, popen: subprocess.Popen[bytes], socket_path: str) -> None:
         self._popen = popen
         self.socket_path = socket_path
+        self._ready_fd: int | None = None
 
     @classmethod
     def start(
@@ -781,6 +782,20 @@ class MonitorProcess:
         extra_args: list[str] | None = None,
     ) -> MonitorProcess:
         """Start a monitor and wait until it listens (see ``run_in_subprocess``)."""
+        handle = cls.spawn(cfg, socket_path, is_restarter_logger, extra_args)
+        handle.wait_ready(RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT)
+        return handle
+
+    @classmethod
+    def spawn(
+        cls, cfg: FaultToleranceConfig, socket_path: str, is_restarter_logger: bool = False,
+        extra_args: list[str] | None = None,
+    ) -> MonitorProcess:
+        """Start a monitor process without waiting; call :meth:`wait_ready` before using it.
+
+        Starting several monitors with ``spawn`` and then waiting for each overlaps their
+        interpreter start-up.
+        """
         read_fd, write_fd = os.pipe()
         args = [
             sys.executable, "-m", "ft_core.monitor",
@@ -800,18 +815,32 @@ class MonitorProcess:
                 args, env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL,
                 start_new_session=True,  # terminal Ctrl-C goes to the launcher, which stops us
             )
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         handle = cls(popen, socket_path)
+        handle._ready_fd = read_fd
+        return handle
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the monitor listens.
+
+        Raises:
+            RuntimeError: It exited or did not get ready in time (it is then killed).
+        """
+        read_fd, self._ready_fd = self._ready_fd, None
+        if read_fd is None:
+            return
         try:
-            handle._wait_ready(read_fd, RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT)
+            self._wait_ready(read_fd, timeout)
         except BaseException:
-            handle.kill()
-            handle.join(5)
+            self.kill()
+            self.join(5)
             raise
         finally:
             os.close(read_fd)
-        return handle
 
     def _wait_ready(self, read_fd: int, timeout: float) -> None:
         selector = selectors.DefaultSelector()

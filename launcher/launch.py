@@ -1,0 +1,249 @@
+"""Our short ``launch_agent``: torch's building blocks, our agent, our clean-up.
+
+torch's ``launch_agent`` hard-codes ``LocalElasticAgent``, so this module builds the rendezvous
+handler and ``WorkerSpec`` itself (from the ``LaunchConfig`` that torchrun's own
+``config_from_args`` produced) and runs :class:`FaultTolerantAgent`. Around the run it owns the
+private run directory, the monitors, the control socket, signal handling and the event log, and
+it guarantees that nothing started here outlives the launcher.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import torch.distributed.elastic.rendezvous.registry as rdzv_registry
+from torch.distributed import run as torch_run
+from torch.distributed.elastic import metrics
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousError
+from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from ft_core import protocol
+from ft_core.config import FaultToleranceConfig
+from launcher import exit_codes, processes
+from launcher.agent import OUTCOME_EXCLUDED, OUTCOME_SHUTDOWN, SHUTDOWN_ACK_KEY, FaultTolerantAgent
+from launcher.control_server import ControlServer
+from launcher.events import EventLog
+from launcher.monitors import MonitorPool
+from launcher.signals import SignalHandling
+
+logger = logging.getLogger(__name__)
+
+SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+SHUTDOWN_ACK_TIMEOUT = 10.0
+EVENT_LOG_ENV = "FT_LAUNCHER_EVENT_LOG"
+
+
+def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argparse.ArgumentParser) -> int:
+    """Run the workers under fault tolerance; return the launcher's exit code."""
+    _apply_torchrun_defaults(args)
+    # Restarted gloo groups can read the previous round's peer addresses from a store shared
+    # with the agent ("Connection refused"); a fresh store per round makes restarts clean.
+    os.environ.setdefault(SHARE_STORE_ENV, "1")
+
+    run_dir = make_run_dir()
+    keep_torch_logs = bool(args.log_dir) or args.redirects != "0" or args.tee != "0"
+    if not keep_torch_logs:
+        args.log_dir = os.path.join(run_dir, "logs")
+    try:
+        config, entrypoint, entry_args = torch_run.config_from_args(args)
+    except (ValueError, AssertionError) as err:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        parser.error(str(err) or "invalid torchrun arguments")
+    if args.log_dir and not keep_torch_logs:
+        args.log_dir = None  # do not advertise the temporary log dir
+    config.signals_to_handle = ",".join(
+        s for s in config.signals_to_handle.split(",") if s.strip() not in ("SIGUSR1", "SIGUSR2")
+    )
+    shutdown_timeout = args.term_timeout if args.term_timeout is not None else config.shutdown_timeout
+    event_path = args.ft_event_log or os.environ.get(EVENT_LOG_ENV) or (
+        os.path.join(args.log_dir, "ft_events.jsonl") if args.log_dir else None
+    )
+    events = EventLog(event_path)
+    monitors = MonitorPool(ft_cfg, run_dir, config.nproc_per_node)
+    control: ControlServer | None = None
+    agent: FaultTolerantAgent | None = None
+    signals: SignalHandling | None = None
+    exit_code = exit_codes.EXIT_FAILURE
+    outcome = "failed"
+
+    def emergency_stop(sig: signal.Signals) -> None:
+        # Watchdog thread: the main thread did not manage a graceful stop in time.
+        processes.kill_leftovers(worker_pids=list(agent._worker_pids.values()) if agent else [], keep=set())
+        shutil.rmtree(run_dir, ignore_errors=True)
+        os._exit(exit_codes.EXIT_SIGNAL_BASE + int(sig))
+
+    try:
+        processes.set_child_subreaper()
+        signals = SignalHandling(
+            forward=lambda sig: agent.forward_signal(sig) if agent else None,
+            emergency_stop=emergency_stop,
+            grace_seconds=float(shutdown_timeout) + 30.0,
+        )
+        signals.install()
+        events.record(
+            "launcher_start", nnodes=f"{config.min_nodes}:{config.max_nodes}",
+            nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
+            restart_policy=ft_cfg.restart_policy, rdzv_backend=config.rdzv_backend,
+            run_id=config.run_id, config=ft_cfg.to_dict(), entrypoint=str(entrypoint),
+        )
+        monitors.start()
+        control = ControlServer(os.path.join(run_dir, "launcher.sock"))
+        agent = _build_agent(config, entrypoint, entry_args, ft_cfg, monitors, control, events,
+                             int(shutdown_timeout), on_workers_started=signals.reinstall)
+        shutdown_rdzv = True
+        try:
+            metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+            result = agent.run()
+        except SignalException as err:
+            shutdown_rdzv = False  # keep the rendezvous open for the other nodes' restarts
+            outcome, exit_code = f"signal {err.sigval.name}", exit_codes.EXIT_SIGNAL_BASE + int(err.sigval)
+        except RendezvousError as err:
+            logger.error("rendezvous failed: %s: %s", type(err).__name__, err)
+            outcome = "rendezvous failed"
+        else:
+            if agent.outcome == OUTCOME_SHUTDOWN:
+                _wait_for_shutdown_acks(agent)
+                outcome, exit_code = OUTCOME_SHUTDOWN, exit_codes.EXIT_SHUTDOWN_REQUESTED
+            elif agent.outcome == OUTCOME_EXCLUDED:
+                shutdown_rdzv = False  # closing it would end the job for the remaining nodes
+                outcome, exit_code = OUTCOME_EXCLUDED, exit_codes.EXIT_NODE_EXCLUDED
+            elif result is not None and not result.is_failed():
+                outcome, exit_code = "succeeded", exit_codes.EXIT_SUCCESS
+        finally:
+            if shutdown_rdzv:
+                with contextlib.suppress(Exception):
+                    agent.get_worker_group().spec.rdzv_handler.shutdown()
+    except SignalException as err:  # arrived before the agent ran (e.g. while monitors started)
+        outcome, exit_code = f"signal {err.sigval.name}", exit_codes.EXIT_SIGNAL_BASE + int(err.sigval)
+    finally:
+        if signals is not None:
+            signals.close()
+        monitors.stop()
+        if control is not None:
+            control.close()
+        processes.kill_leftovers(worker_pids=list(agent._worker_pids.values()) if agent else [], keep=set())
+        shutil.rmtree(run_dir, ignore_errors=True)
+        events.record("result", outcome=outcome, exit_code=exit_code,
+                      cycles=(agent.cycle + 1) if agent else 0)
+        events.summary()
+        events.close()
+    return exit_code
+
+
+def _build_agent(config: Any, entrypoint: Any, entry_args: list[str], ft_cfg: FaultToleranceConfig,
+                 monitors: MonitorPool, control: ControlServer, events: EventLog,
+                 shutdown_timeout: int, on_workers_started: Any = None) -> FaultTolerantAgent:
+    if not config.run_id:
+        config.run_id = str(uuid.uuid4().int)
+        logger.warning("no --rdzv-id given; using the random run id %s", config.run_id)
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **config.rdzv_configs,
+    )
+    master_addr, master_port = _static_master(params)
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        entrypoint=entrypoint,
+        args=tuple(entry_args),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval,
+        master_addr=master_addr,
+        master_port=master_port,
+        local_addr=config.local_addr,
+        event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options,
+        duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters,
+        virtual_local_rank=config.virtual_local_rank,
+    )
+    return FaultTolerantAgent(
+        spec,
+        config.logs_specs,
+        monitors=monitors,
+        control=control,
+        events=events,
+        restart_policy=ft_cfg.restart_policy,
+        min_nodes=config.min_nodes,
+        start_method=config.start_method,
+        log_line_prefix_template=config.log_line_prefix_template,
+        shutdown_timeout=shutdown_timeout,
+        on_workers_started=on_workers_started,
+    )
+
+
+def _apply_torchrun_defaults(args: argparse.Namespace) -> None:
+    """torchrun's own pre-processing of rendezvous arguments (standalone, single-node static)."""
+    if args.standalone:
+        args.rdzv_backend = "c10d"
+        args.rdzv_endpoint = "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+        _, max_nodes = torch_run.parse_min_max_nnodes(args.nnodes)
+        if max_nodes == 1:
+            args.rdzv_backend = "c10d"
+            args.rdzv_endpoint = "localhost:0"
+            args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+
+
+def _static_master(params: RendezvousParameters) -> tuple[str | None, int | None]:
+    if params.backend != "static":
+        return None, None
+    endpoint = params.endpoint.strip()
+    if not endpoint:
+        raise ValueError("the static rendezvous needs --master-addr and --master-port")
+    addr, port = parse_rendezvous_endpoint(endpoint, default_port=-1)
+    if port == -1:
+        raise ValueError(f"no port in rendezvous endpoint {endpoint!r}; add --master-port")
+    return addr, port
+
+
+def _wait_for_shutdown_acks(agent: FaultTolerantAgent) -> None:
+    """Keep the store up until the other nodes saw the shutdown (bounded)."""
+    store = agent._store
+    group = agent.get_worker_group()
+    if store is None or group.group_world_size in (None, 1):
+        return
+    deadline = time.monotonic() + SHUTDOWN_ACK_TIMEOUT
+    with contextlib.suppress(Exception):
+        while time.monotonic() < deadline:
+            if store.add(SHUTDOWN_ACK_KEY, 0) >= group.group_world_size - 1:
+                return
+            time.sleep(0.1)
+
+
+def make_run_dir() -> str:
+    """Create the launcher's private (0700) run directory for sockets and temporary logs.
+
+    Under ``$TMPDIR`` (or /tmp); if that path is too long for Unix socket names, /tmp is used
+    instead (with a log line), and if even that is too long the error says what to change.
+    """
+    base = tempfile.gettempdir()
+    sample = os.path.join(base, "ft-" + "x" * 8, "launcher.sock")
+    if len(os.fsencode(sample)) > protocol.MAX_SOCKET_PATH_BYTES and base != "/tmp":
+        logger.warning("TMPDIR %s is too long for Unix socket paths; using /tmp for sockets", base)
+        base = "/tmp"
+    path = tempfile.mkdtemp(prefix="ft-", dir=base)
+    protocol.check_socket_path(os.path.join(path, "launcher.sock"))
+    return path

@@ -1,0 +1,120 @@
+"""Process bookkeeping for the launcher: who exited first, and what workers left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_CHILD_SUBREAPER = 36
+REAP_TIMEOUT = 5.0
+
+
+def set_child_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process instead of init (Linux).
+
+    Workers' children that outlive them (data-loader workers, daemons) then stay reachable and
+    can be cleaned up. Returns True on success.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return False
+
+
+def has_exited(pid: int) -> bool:
+    """True if child ``pid`` has exited (without reaping it, so its owner still can)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    pgid: int
+    sid: int
+    state: str
+
+
+def list_processes() -> list[ProcInfo]:
+    """A snapshot of all processes from ``/proc``."""
+    infos = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            with open(f"/proc/{entry}/stat", "rb") as stream:
+                raw = stream.read()
+            fields = raw[raw.rfind(b")") + 2 :].split()
+            infos.append(ProcInfo(int(entry), int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode()))
+    return infos
+
+
+def descendants(root: int, procs: Iterable[ProcInfo]) -> set[int]:
+    """Pids of every live descendant of ``root`` in the snapshot."""
+    children: dict[int, list[int]] = {}
+    for info in procs:
+        children.setdefault(info.ppid, []).append(info.pid)
+    found: set[int] = set()
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def kill_leftovers(worker_pids: list[int], keep: set[int]) -> set[int]:
+    """SIGKILL what workers left behind, and reap the ones re-parented to us.
+
+    Leftovers are processes in a worker's session (workers start their own) and descendants of
+    this launcher, except the processes in ``keep`` (the monitors) and their descendants.
+
+    Returns:
+        The pids that were killed.
+    """
+    procs = list_processes()
+    me = os.getpid()
+    protected = set(keep)
+    for pid in keep:
+        protected |= descendants(pid, procs)
+    sessions = set(worker_pids)
+    victims = {
+        info.pid for info in procs
+        if info.state not in ("Z", "X") and info.pid != me and info.pid not in protected
+        and info.sid in sessions
+    }
+    victims |= {pid for pid in descendants(me, procs) if pid not in protected}
+    live = {info.pid for info in procs if info.state not in ("Z", "X")}
+    victims &= live
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    _reap_orphans(victims | {info.pid for info in procs if info.ppid == me and info.state == "Z"}, protected)
+    return victims
+
+
+def _reap_orphans(pids: set[int], protected: set[int]) -> None:
+    """``waitpid`` the given pids that are our children (never all children: that would steal
+    exit statuses from ``subprocess.Popen`` objects)."""
+    deadline = time.monotonic() + REAP_TIMEOUT
+    for pid in pids - protected:
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
