@@ -104,6 +104,8 @@ class RankMonitorServer:
             reports (one monitor per node should, to keep logs short).
         parent_pid: The process whose death makes the monitor stop its rank and exit.
         name: Label used in log lines.
+        cleanup_dir: A directory to remove if the parent dies (the launcher's run directory,
+            which a killed launcher cannot remove itself).
     """
 
     RANK_MONITOR_INIT_TIMEOUT = 30.0
@@ -115,8 +117,10 @@ class RankMonitorServer:
         is_restarter_logger: bool = False,
         parent_pid: int | None = None,
         name: str | None = None,
+        cleanup_dir: str | None = None,
     ) -> None:
         self.cfg = cfg
+        self.cleanup_dir = cleanup_dir
         self.ipc_socket_path = os.path.abspath(ipc_socket_path)
         self.is_restarter_logger = is_restarter_logger
         self.parent_pid = os.getppid() if parent_pid is None else parent_pid
@@ -457,6 +461,10 @@ class RankMonitorServer:
             if _pid_alive(pid):
                 logger.warning("%s; stopping worker pid %s", why, pid)
                 _signal_rank(pid, signal.SIGKILL, self._worker_pid)
+        if self.cleanup_dir:
+            import shutil
+
+            shutil.rmtree(self.cleanup_dir, ignore_errors=True)
         self._stop_reason = why
 
     # ------------------------------------------------------------------ rank side
@@ -923,6 +931,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     parser.add_argument("--restarter-logger", action="store_true",
                         help="Also log worker cycles reported by the launcher.")
     parser.add_argument("--name", default=None, help="Label for log lines.")
+    parser.add_argument("--cleanup-dir", default=None,
+                        help="Remove this directory if the parent process dies.")
     return parser
 
 
@@ -943,7 +953,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(cfg.log_level, label)
     server = RankMonitorServer(
         cfg, args.socket, is_restarter_logger=args.restarter_logger,
-        parent_pid=args.parent_pid, name=label,
+        parent_pid=args.parent_pid, name=label, cleanup_dir=args.cleanup_dir,
     )
     try:
         return server.serve_forever(ready_fd=args.ready_fd)

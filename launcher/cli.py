@@ -55,11 +55,18 @@ def get_args_parser() -> argparse.ArgumentParser:
     """The complete ``ft_launcher`` parser: torchrun's plus the fault tolerance group."""
     parser = torch_run.get_args_parser()
     parser.prog = "ft_launcher"
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
-        "torchrun with fault tolerance: rank monitors detect hangs, failed or hung worker "
-        "groups are restarted (up to --max-restarts), and every failure is explained. Exit "
-        "codes: 0 success, 1 workers failed, 2 bad arguments, 64 ShutdownWorkload requested, "
-        "65 this node excluded, 128+N stopped by signal N."
+        "torchrun with fault tolerance: rank monitors detect hangs, failed or hung worker\n"
+        "groups are restarted (up to --max-restarts: restarts of the worker group by this\n"
+        "launcher, as in torchrun), and every failure is explained.\n\n"
+        "exit codes:\n"
+        "  0      workers succeeded\n"
+        "  1      workers failed and no restarts were left (or rendezvous failed)\n"
+        "  2      invalid arguments or configuration\n"
+        "  64     ShutdownWorkload requested by a rank: do not continue\n"
+        "  65     ExcludeThisNode requested for this node\n"
+        "  128+N  stopped by signal N (143 = SIGTERM, 130 = SIGINT)"
     )
     group = parser.add_argument_group(
         "fault tolerance",

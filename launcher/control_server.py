@@ -109,14 +109,15 @@ class ControlServer:
         if uid != os.getuid():
             logger.warning("control request refused: pid %s runs as uid %s, not %s", pid, uid, os.getuid())
             return
-        with self._lock:
-            roots = self._allowed_roots
-        if not _descends_from(pid, roots):
-            logger.warning("control request refused: pid %s is not one of this launcher's workers", pid)
-            self._reply(conn, {"type": protocol.MSG_ERROR, "error": "not a worker of this launcher"})
-            return
         try:
+            # Read before judging, so that a refused sender still gets the reason.
             message = protocol.recv_message(conn, REQUEST_READ_TIMEOUT)
+            with self._lock:
+                roots = self._allowed_roots
+            if not _descends_from(pid, roots):
+                logger.warning("control request refused: pid %s is not one of this launcher's workers", pid)
+                self._reply(conn, {"type": protocol.MSG_ERROR, "error": "not a worker of this launcher"})
+                return
             if message["type"] != protocol.MSG_WORKLOAD_CONTROL:
                 raise ProtocolError(f"unexpected message type {message['type']!r}")
             request = WorkloadControlRequest.from_dict(message)

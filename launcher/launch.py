@@ -99,6 +99,7 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
             run_id=config.run_id, config=ft_cfg.to_dict(), entrypoint=str(entrypoint),
         )
         monitors.start()
+        events.record("monitors_started", monitor_pids=monitors.pids())
         control = ControlServer(os.path.join(run_dir, "launcher.sock"))
         agent = _build_agent(config, entrypoint, entry_args, ft_cfg, monitors, control, events,
                              int(shutdown_timeout), on_workers_started=signals.reinstall)

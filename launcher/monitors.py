@@ -53,7 +53,7 @@ class MonitorPool:
             for local_rank in local_ranks:
                 spawned[local_rank] = MonitorProcess.spawn(
                     self.cfg, self.socket_path(local_rank), is_restarter_logger=local_rank == 0,
-                    extra_args=["--name", f"local_rank {local_rank}"],
+                    extra_args=["--name", f"local_rank {local_rank}", "--cleanup-dir", self.run_dir],
                 )
             for local_rank, process in spawned.items():
                 process.wait_ready(RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT)

@@ -23,6 +23,80 @@ from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                raw = Path(f"/proc/{entry}/stat").read_bytes()
+                fields = raw[raw.rfind(b")") + 2 :].split()
+                if fields[0] not in (b"Z", b"X"):
+                    children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _our_tmp_entries() -> set[str]:
+    tmp = tempfile.gettempdir()
+    return {name for name in os.listdir(tmp) if name.startswith(("ft-", "torchelastic_"))}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_session() -> Iterator[None]:
+    """Make leaks visible and attributable to this test session.
+
+    Orphans of anything a test starts re-parent to pytest (child subreaper), and every process
+    started by the tests uses a session-private TMPDIR, so run directories left by *this*
+    session's launchers can be told apart from other users' of /tmp.
+    """
+    import ctypes
+
+    ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    session_tmp = tempfile.mkdtemp(prefix="ftt-session-", dir="/tmp")
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = session_tmp
+    tempfile.tempdir = None
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = old
+        tempfile.tempdir = None
+        shutil.rmtree(session_tmp, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers() -> Iterator[None]:
+    """Fail a test that leaves a process of ours running or a run directory in the temp dir."""
+    before = _our_tmp_entries()
+    yield
+    leaked = []
+    deadline = time.monotonic() + 5.0
+    while True:
+        leaked = _descendants(os.getpid())
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in leaked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    new_dirs = _our_tmp_entries() - before
+    for name in new_dirs:
+        shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
+    assert not leaked, f"processes left running after the test: {leaked}"
+    assert not new_dirs, f"temporary directories left behind: {sorted(new_dirs)}"
 
 
 @pytest.fixture

@@ -1,0 +1,259 @@
+"""Real ft_launcher runs on one node: restarts, causes, control requests, signals, clean-up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launcher_util import WORKER, events_of, read_events, records, run_launcher, start_launcher
+
+
+def base_args(tmp_path: Path, *extra: str, nproc: int = 2) -> list[str]:
+    return ["--standalone", "--nproc-per-node", str(nproc), "--monitor-interval", "0.05",
+            "--ft-event-log", str(tmp_path / "events.jsonl"), *extra]
+
+
+def worker_args(tmp_path: Path, *extra: str) -> list[str]:
+    return [WORKER, "--record-dir", str(tmp_path), *extra]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def test_hang_is_detected_and_the_group_restarts_to_success(tmp_path):
+    flag = tmp_path / "finished.flag"
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "2", "--ft-param-initial_rank_heartbeat_timeout", "20",
+                  "--ft-param-rank_heartbeat_timeout", "1")
+        + worker_args(tmp_path, "--hang-rank", "1", "--hang-cycle", "0", "--steps", "6"),
+        env={"FAULT_TOL_FINISHED_FLAG_FILE": str(flag)},
+    )
+    assert result.returncode == 0, result.stderr
+    events = read_events(tmp_path / "events.jsonl")
+    failures = events_of(events, "failure")
+    root = failures[0]
+    assert root["cause_kind"] == "hang" and root["hang_kind"] == "heartbeat"
+    assert root["rank"] == 1 and root["local_rank"] == 1 and root["cycle"] == 0
+    assert root["cause"].startswith("hang: no heartbeat for") and "> timeout 1.00 s" in root["cause"]
+    assert root["decision"] == "restarting the worker group (restart 1/2)"
+    assert root["exit_code"] == -signal.SIGKILL and root["timeout"] == 1.0
+    assert [c["cycle"] for c in events_of(events, "cycle_start")] == [0, 1]
+    assert events_of(events, "result")[0]["outcome"] == "succeeded"
+    # one human line per root failure on stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[ft_launcher] cycle 0: rank 1")]
+    assert len(lines) == 1 and "hang: no heartbeat" in lines[0] and "restart 1/2" in lines[0]
+    # the environment each worker got
+    recs = records(tmp_path)
+    assert set(recs) == {(0, 0), (0, 1), (1, 0), (1, 1)}
+    sockets = {recs[(1, r)]["env"]["FT_RANK_MONITOR_IPC_SOCKET"] for r in (0, 1)}
+    assert len(sockets) == 2 and all(s.endswith(f"r{r}.sock") for r, s in zip((0, 1), sorted(sockets)))
+    assert recs[(0, 0)]["env"]["FT_RANK_MONITOR_IPC_SOCKET"] == recs[(1, 0)]["env"]["FT_RANK_MONITOR_IPC_SOCKET"]
+    assert recs[(1, 1)]["env"]["FAULT_TOL_FINISHED_FLAG_FILE"] == str(flag)
+    assert recs[(1, 1)]["env"]["FT_LAUNCHER_IPC_SOCKET"].endswith("launcher.sock")
+    assert recs[(1, 1)]["cfg"]["rank_heartbeat_timeout"] == 1.0
+    # each cycle's worker sees the same monitor (started once, reused)
+    assert len(events_of(events, "monitors_started")) == 1
+
+
+def test_hang_inside_a_section_is_reported_by_name(tmp_path):
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "0", "--ft-rank-section-timeouts", "setup:30,step:0.5",
+                  "--ft-param-rank_heartbeat_timeout", "null", "--ft-param-initial_rank_heartbeat_timeout", "null")
+        + worker_args(tmp_path, "--hang-rank", "0", "--hang-cycle", "0", "--hang-in-section", "step"),
+    )
+    assert result.returncode == 1
+    root = events_of(read_events(tmp_path / "events.jsonl"), "failure")[0]
+    assert root["hang_kind"] == "section" and root["section"] == "step"
+    assert "section 'step' open" in root["cause"] and root["timeout"] == 0.5
+    assert root["decision"].startswith("no restarts left")
+
+
+@pytest.mark.parametrize(
+    ("extra", "cause", "kind"),
+    [(["--exit-code", "3"], "exit code 3", "exit"), (["--signal-self", "SIGSEGV"], "signal SIGSEGV", "signal")],
+)
+def test_crash_restarts_with_the_cause(tmp_path, extra, cause, kind):
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "1")
+        + worker_args(tmp_path, "--crash-rank", "0", "--crash-cycle", "0", *extra),
+    )
+    assert result.returncode == 0, result.stderr
+    failures = events_of(read_events(tmp_path / "events.jsonl"), "failure")
+    assert failures[0]["cause"] == cause and failures[0]["cause_kind"] == kind and failures[0]["rank"] == 0
+    # the other rank was stopped because of it, and is recorded as such (not as a cause)
+    assert all(f["cause_kind"] == "terminated" for f in failures[1:])
+
+
+def test_restarts_exhausted_exits_1_with_the_cause(tmp_path):
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "2")
+        + worker_args(tmp_path, "--crash-rank", "1", "--crash-cycle", "-100", "--exit-code", "7"),
+    )
+    assert result.returncode == 1
+    events = read_events(tmp_path / "events.jsonl")
+    roots = [f for f in events_of(events, "failure") if f["cause_kind"] != "terminated"]
+    assert [f["cycle"] for f in roots] == [0, 1, 2]
+    assert all(f["cause"] == "exit code 7" for f in roots)
+    assert roots[-1]["decision"] == "no restarts left (--max-restarts=2); stopping"
+    assert "summary: 3 cycle(s); 3 failure(s)" in result.stderr
+    assert events_of(events, "result")[0] == {**events_of(events, "result")[0], "outcome": "failed", "exit_code": 1}
+
+
+def test_yaml_and_cli_precedence_reach_the_workers(tmp_path):
+    cfg_file = tmp_path / "ft.yaml"
+    cfg_file.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 50\n  safety_factor: 3\n"
+                        "  rank_section_timeouts: {step: 9}\n")
+    result = run_launcher(
+        base_args(tmp_path, "--fault-tol-cfg-path", str(cfg_file), "--ft-rank-heartbeat-timeout", "40", nproc=1)
+        + worker_args(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr
+    cfg = records(tmp_path)[(0, 0)]["cfg"]
+    assert cfg["rank_heartbeat_timeout"] == 40.0
+    assert cfg["safety_factor"] == 3.0
+    assert cfg["rank_section_timeouts"] == {"step": 9.0}
+    assert cfg["initial_rank_heartbeat_timeout"] == 3600.0
+
+
+def test_shutdown_workload_stops_without_restart(tmp_path):
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "5") + worker_args(tmp_path, "--request", "shutdown", "--steps", "200"),
+    )
+    assert result.returncode == 64, result.stderr
+    events = read_events(tmp_path / "events.jsonl")
+    assert len(events_of(events, "cycle_start")) == 1
+    request = events_of(events, "control_request")[0]
+    assert request["action"] == "ShutdownWorkload" and request["rank"] == 0
+    assert request["description"] == "test asked for shutdown"
+    assert events_of(events, "result")[0]["outcome"] == "shutdown_requested"
+
+
+def test_exclude_this_node_leaves_with_its_own_exit_code(tmp_path):
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "5") + worker_args(tmp_path, "--request", "exclude", "--steps", "200"),
+    )
+    assert result.returncode == 65, result.stderr
+    events = read_events(tmp_path / "events.jsonl")
+    assert len(events_of(events, "cycle_start")) == 1
+    assert events_of(events, "control_request")[0]["action"] == "ExcludeThisNode"
+
+
+def test_control_socket_refuses_processes_that_are_not_workers(tmp_path):
+    # A process of the same user that is not one of the launcher's workers is refused.
+    import subprocess
+    import sys
+
+    proc = start_launcher(base_args(tmp_path, nproc=1) + worker_args(tmp_path, "--steps", "400"))
+    try:
+        rec = wait_for(lambda: records(tmp_path).get((0, 0)), 30, "the worker to start")
+        code = (
+            "import sys\n"
+            "from ft_core import RankMonitorClient, WorkloadControlRequest, WorkloadAction, RankMonitorClientError\n"
+            "try:\n"
+            "    RankMonitorClient().send_workload_control_request(WorkloadControlRequest(WorkloadAction.ShutdownWorkload, 'x'))\n"
+            "except RankMonitorClientError as err:\n"
+            "    print(err)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "FT_LAUNCHER_IPC_SOCKET": rec["env"]["FT_LAUNCHER_IPC_SOCKET"]})
+        assert "not a worker of this launcher" in out.stdout
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert not events_of(read_events(tmp_path / "events.jsonl"), "control_request")
+
+
+def test_sigterm_stops_a_worker_that_ignores_it_after_the_term_timeout(tmp_path):
+    proc = start_launcher(base_args(tmp_path, "--term-timeout", "2") + worker_args(tmp_path, "--ignore-sigterm"))
+    recs = wait_for(lambda: len(records(tmp_path)) == 2 and records(tmp_path), 30, "both workers")
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - sent
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert 2.0 <= took < 20.0
+    for rec in recs.values():
+        assert not Path(f"/proc/{rec['pid']}").exists()
+    assert "received SIGTERM" in err
+    assert events_of(read_events(tmp_path / "events.jsonl"), "result")[0]["exit_code"] == 143
+
+
+def test_sigint_exits_130(tmp_path):
+    proc = start_launcher(base_args(tmp_path) + worker_args(tmp_path, "--steps", "400"))
+    wait_for(lambda: len(records(tmp_path)) == 2, 30, "both workers")
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+
+
+def test_sigusr1_is_forwarded_to_workers(tmp_path):
+    proc = start_launcher(base_args(tmp_path) + worker_args(tmp_path, "--steps", "2", "--wait-for-signal"))
+    wait_for(lambda: len(records(tmp_path)) == 2, 30, "both workers")
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"usr1_rank{rank}.json").read_text()), f"rank {rank} got no SIGUSR1"
+    assert events_of(read_events(tmp_path / "events.jsonl"), "signal_forwarded")[0]["signal"] == "SIGUSR1"
+
+
+def test_sigkilled_launcher_takes_monitors_and_workers_with_it_within_5s(tmp_path):
+    proc = start_launcher(base_args(tmp_path) + worker_args(tmp_path, "--steps", "4000"))
+    recs = wait_for(lambda: len(records(tmp_path)) == 2 and records(tmp_path), 30, "both workers")
+    monitors = events_of(read_events(tmp_path / "events.jsonl"), "monitors_started")[0]["monitor_pids"]
+    pids = [r["pid"] for r in recs.values()] + monitors
+    proc.kill()
+    proc.communicate(timeout=30)
+    killed_at = time.monotonic()
+    wait_for(lambda: not [p for p in pids if _alive(p)], 5.0, f"processes {pids} to exit")
+    assert time.monotonic() - killed_at <= 5.0
+
+
+def test_children_of_a_hung_worker_are_killed_too(tmp_path):
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "1", "--ft-param-rank_heartbeat_timeout", "1",
+                  "--ft-param-initial_rank_heartbeat_timeout", "20")
+        + worker_args(tmp_path, "--spawn-children", "2", "--hang-rank", "0", "--hang-cycle", "0"),
+    )
+    assert result.returncode == 0, result.stderr
+    children = records(tmp_path)[(0, 0)]["children"]
+    assert len(children) == 2 and not [p for p in children if _alive(p)]
+
+
+def test_a_killed_monitor_is_replaced_at_the_next_cycle_and_training_continues(tmp_path):
+    proc = start_launcher(
+        base_args(tmp_path, "--max-restarts", "1")
+        + worker_args(tmp_path, "--steps", "60", "--crash-rank", "1", "--crash-cycle", "0"),
+    )
+    wait_for(lambda: len(records(tmp_path)) == 2, 30, "both workers")
+    monitors = events_of(read_events(tmp_path / "events.jsonl"), "monitors_started")[0]["monitor_pids"]
+    os.kill(monitors[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    events = read_events(tmp_path / "events.jsonl")
+    assert events_of(events, "monitor_died")[0]["local_rank"] == 0
+    assert events_of(events, "monitor_replaced")[0]["local_rank"] == 0
+    assert [c["cycle"] for c in events_of(events, "cycle_start")] == [0, 1]
+    # cycle 1's rank 0 was watched by the new monitor (it connected to the same socket path)
+    assert records(tmp_path)[(1, 0)]["cfg"] is not None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")

@@ -1,0 +1,59 @@
+"""Helpers to run real ft_launcher processes in tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+WORKER = str(Path(__file__).resolve().parent / "workers" / "ft_worker.py")
+FT_LAUNCHER = [sys.executable, "-m", "launcher"]
+
+
+def launcher_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in list(env):
+        if key.startswith(("FT_", "PET_", "TORCHELASTIC_")) or key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            del env[key]
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def start_launcher(args: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen:
+    """Start ``ft_launcher ARGS`` in its own session (stdout/stderr captured as text)."""
+    return subprocess.Popen(
+        FT_LAUNCHER + args, env=launcher_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True, **popen_kwargs,
+    )
+
+
+def run_launcher(args: list[str], timeout: float = 90, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``ft_launcher ARGS`` to completion (bounded by ``timeout``)."""
+    proc = start_launcher(args, env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        raise AssertionError(f"ft_launcher did not finish in {timeout} s; stderr:\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def read_events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def events_of(events: list[dict], kind: str) -> list[dict]:
+    return [e for e in events if e["event"] == kind]
+
+
+def records(record_dir: Path) -> dict[tuple[int, int], dict]:
+    """``{(cycle, rank): record}`` written by ft_worker.py."""
+    found = {}
+    for path in Path(record_dir).glob("cycle*_rank*.json"):
+        data = json.loads(path.read_text())
+        found[(data["cycle"], data["rank"])] = data
+    return found
