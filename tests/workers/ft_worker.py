@@ -61,8 +61,6 @@ def main() -> int:
                                                                       "WORLD_SIZE", "MASTER_", "TORCHELASTIC"))},
         "cfg": client.cfg.to_dict() if client else None,
     }
-    if args.record_dir:
-        atomic_write_text(os.path.join(args.record_dir, f"cycle{cycle}_rank{rank}.json"), json.dumps(record))
     if args.gloo:
         import torch
         import torch.distributed as dist
@@ -71,11 +69,16 @@ def main() -> int:
         t = torch.ones(1)
         dist.all_reduce(t)
         assert t.item() == dist.get_world_size()
-    if args.request and rank == args.request_rank and args.request_cycle in (None, cycle):
+        record["process_group_ready"] = True
+    if args.record_dir:
+        atomic_write_text(os.path.join(args.record_dir, f"cycle{cycle}_rank{rank}.json"), json.dumps(record))
+    if args.request and args.request_rank in (rank, -1) and args.request_cycle in (None, cycle):
         action = {"shutdown": WorkloadAction.ShutdownWorkload, "exclude": WorkloadAction.ExcludeThisNode}[args.request]
         client.send_workload_control_request(WorkloadControlRequest(action, f"test asked for {args.request}"))
         return 1  # a worker usually dies right after asking
     for step in range(args.steps):
+        if args.gloo:
+            dist.all_reduce(t)  # couples the ranks like a training step does
         if client is not None:
             client.send_heartbeat()
         if matches(args.crash_rank, args.crash_cycle, rank, cycle) and step == args.steps // 2:

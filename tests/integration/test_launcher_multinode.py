@@ -1,0 +1,155 @@
+"""Two ft_launchers on 127.0.0.1 acting as two nodes (c10d rendezvous), and restart hygiene."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.launcher_util import WORKER, events_of, read_events, records, start_launcher
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Node:
+    """One ft_launcher acting as a node of a two-node job."""
+
+    def __init__(self, name: str, tmp_path: Path, port: int, nnodes: str, launcher_args: list[str],
+                 worker_args: list[str]):
+        self.dir = tmp_path / name
+        self.dir.mkdir()
+        self.events_path = self.dir / "events.jsonl"
+        self.proc = start_launcher(
+            ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job-{port}", "--monitor-interval", "0.05",
+             "--rdzv-conf", "join_timeout=10,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2",
+             "--ft-event-log", str(self.events_path), *launcher_args,
+             WORKER, "--record-dir", str(self.dir), *worker_args],
+        )
+
+    def finish(self, timeout: float = 120) -> int:
+        self.out, self.err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode
+
+    def events(self, kind: str) -> list[dict]:
+        return events_of(read_events(self.events_path), kind)
+
+
+def test_a_hang_on_one_node_restarts_both_nodes(tmp_path):
+    port = free_port()
+    common = ["--max-restarts", "2", "--ft-param-rank_heartbeat_timeout", "1.5",
+              "--ft-param-initial_rank_heartbeat_timeout", "60"]
+    a = Node("a", tmp_path, port, "2", common, ["--gloo", "--steps", "20"])
+    b = Node("b", tmp_path, port, "2", common, ["--gloo", "--steps", "20", "--hang-rank", "-1", "--hang-cycle", "0"])
+    assert b.finish() == 0, b.err
+    assert a.finish() == 0, a.err
+    b_root = b.events("failure")[0]
+    assert b_root["cause_kind"] == "hang" and b_root["cycle"] == 0
+    for node in (a, b):
+        assert [c["cycle"] for c in node.events("cycle_start")] == [0, 1]
+        assert records(node.dir)[(1, node.events("cycle_start")[1]["ranks"]["0"])]["process_group_ready"]
+
+
+def wait_listening(port: int, timeout: float = 60) -> None:
+    """Wait until the first launcher hosts the c10d store on ``port``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+def test_exclude_this_node_lets_the_other_continue_alone(tmp_path):
+    # Node a hosts the c10d store (it starts first); the c10d backend keeps the store in the
+    # host's launcher, so the host itself cannot leave the job (documented limitation).
+    port = free_port()
+    a = Node("a", tmp_path, port, "1:2", ["--max-restarts", "2"], ["--gloo", "--steps", "60"])
+    wait_listening(port)
+    b = Node("b", tmp_path, port, "1:2", ["--max-restarts", "2"],
+             ["--gloo", "--request", "exclude", "--request-rank", "-1"])
+    assert b.finish() == 65, b.err
+    assert a.finish() == 0, a.err
+    assert b.events("control_request")[0]["action"] == "ExcludeThisNode"
+    last_cycle = a.events("cycle_start")[-1]
+    assert last_cycle["group_world_size"] == 1  # the job went on with one node
+    assert len(b.events("cycle_start")) == 1
+
+
+def test_shutdown_requested_on_one_node_stops_every_node(tmp_path):
+    port = free_port()
+    a = Node("a", tmp_path, port, "2", ["--max-restarts", "3"], ["--steps", "2000"])
+    b = Node("b", tmp_path, port, "2", ["--max-restarts", "3"],
+             ["--request", "shutdown", "--request-rank", "-1"])
+    assert b.finish() == 64, b.err
+    assert a.finish() == 64, a.err
+    request = a.events("control_request")[0]
+    assert request["action"] == "ShutdownWorkload" and request["description"] == "test asked for shutdown"
+    assert len(a.events("cycle_start")) == 1 and len(b.events("cycle_start")) == 1
+
+
+def test_a_sigkilled_node_leads_the_other_to_a_clear_failure_within_a_bound(tmp_path):
+    port = free_port()
+    a = Node("a", tmp_path, port, "2", ["--max-restarts", "1"], ["--gloo", "--steps", "4000"])
+    wait_listening(port)
+    b = Node("b", tmp_path, port, "2", ["--max-restarts", "1"], ["--gloo", "--steps", "4000"])
+    deadline = time.monotonic() + 60
+    while len(records(a.dir)) + len(records(b.dir)) < 2:
+        assert time.monotonic() < deadline, "workers never started"
+        time.sleep(0.05)
+    b.proc.kill()
+    b.finish()
+    killed_at = time.monotonic()
+    code = a.finish(timeout=90)
+    took = time.monotonic() - killed_at
+    assert code == 1, a.err
+    # bounded by the rendezvous join_timeout (10 s here), never an endless wait
+    assert took < 60
+    assert a.events("failure")[0]["cycle"] == 0
+    assert "rendezvous failed" in a.err or "no restarts left" in a.err
+
+
+def test_min_healthy_waits_while_enough_nodes_are_healthy(tmp_path):
+    port = free_port()
+    policy = ["--restart-policy", "min-healthy", "--max-restarts", "2"]
+    a = Node("a", tmp_path, port, "1:2", policy, ["--steps", "40", "--crash-rank", "-1", "--crash-cycle", "0"])
+    b = Node("b", tmp_path, port, "1:2", policy, ["--steps", "4", "--crash-rank", "-1", "--crash-cycle", "0"])
+    assert a.finish() == 0, a.err
+    assert b.finish() == 0, b.err
+    b_failure = b.events("failure")[0]
+    a_failure = a.events("failure")[0]
+    assert "min-healthy: 1 healthy node(s) >= minimum 1" in b_failure["decision"]
+    # b's workers were not restarted until a failed too (then fewer than 1 node was healthy)
+    b_second_cycle = b.events("cycle_start")[1]
+    assert b_second_cycle["ts"] > a_failure["ts"]
+    for node in (a, b):
+        assert [c["cycle"] for c in node.events("cycle_start")] == [0, 1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_twenty_crash_restart_cycles_each_form_the_gloo_group_first_time(tmp_path):
+    proc = start_launcher(
+        ["--standalone", "--nproc-per-node", "2", "--max-restarts", "20", "--monitor-interval", "0.05",
+         "--ft-event-log", str(tmp_path / "events.jsonl"),
+         WORKER, "--record-dir", str(tmp_path), "--gloo", "--steps", "2",
+         "--crash-rank", "1", "--crash-cycle", "-20"],
+    )
+    _, err = proc.communicate(timeout=280)
+    assert proc.returncode == 0, err
+    events = read_events(tmp_path / "events.jsonl")
+    assert [c["cycle"] for c in events_of(events, "cycle_start")] == list(range(21))
+    roots = [f for f in events_of(events, "failure") if f["cause_kind"] != "terminated"]
+    # every restart was caused by the planned crash, none by a group that failed to form
+    assert [(f["cycle"], f["rank"], f["cause"]) for f in roots] == [(c, 1, "exit code 1") for c in range(20)]
+    recs = records(tmp_path)
+    assert all(recs[(c, r)]["process_group_ready"] for c in range(21) for r in (0, 1))
+    assert "Connection refused" not in err
