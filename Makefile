@@ -25,6 +25,18 @@ test: $(STAMP)
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
+# Real-SLURM tests: start a private cluster on 127.0.0.1 (tests/slurm/cluster, installs Debian's
+# slurm and munge if missing; needs root), run tests/slurm, and stop the cluster whatever happened.
+SLURM_DIR ?= /tmp/ptlr-slurm
+test-slurm: $(STAMP)
+	@export PTLR_SLURM_DIR='$(SLURM_DIR)'; \
+	trap 'bash tests/slurm/cluster/stop.sh' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
+	bash tests/slurm/cluster/start.sh || exit 1; \
+	status=0; \
+	SLURM_CONF='$(SLURM_DIR)/etc/slurm.conf' $(PY) -m pytest -q tests/slurm $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -ne 0 ]; then tail -n 40 '$(SLURM_DIR)'/log/*.log; fi; \
+	exit $$status
+
 demo: $(STAMP)
 	$(PY) examples/ft_core_demo.py
 

@@ -1,0 +1,152 @@
+"""Lightning training that an auto-resume loop can stop and resume: the sbatch example's workload.
+
+Run it under ``ft_launcher`` (which sets the torchelastic environment), normally through
+``scripts/autoresume.sh``; ``lightning_autoresume.sbatch`` does so on several SLURM nodes. On one
+machine, from the repository root::
+
+    scripts/autoresume.sh --run-dir runs/demo \\
+        --launcher-args "--standalone --nproc-per-node 2" \\
+        examples/slurm/train_lightning.py --run-dir runs/demo --max-steps 200
+
+What makes it resumable:
+
+- Every run continues from ``RUN_DIR/checkpoints/last.ckpt`` when that exists.
+- On SIGUSR1 or SIGUSR2 (SLURM's warning before the time limit or a preemption, forwarded by
+  autoresume.sh and ft_launcher to every rank) all ranks agree to stop after the same step,
+  save ``last.ckpt`` and return normally. Training is then not complete, so no finished flag is
+  made, and the loop continues the job; that ending does not count as a failure.
+- ``FaultToleranceCallback(autoresume=True)`` sends heartbeats to the rank monitors (hang
+  detection) and creates ``$FAULT_TOL_FINISHED_FLAG_FILE`` once ``max_steps`` is reached; that
+  file ends the loop.
+- The cluster environment is given explicitly as torchelastic's: inside an srun task Lightning
+  would otherwise pick its SLURM environment, take one srun task for one rank, and install its
+  own SIGUSR1 handler that requeues the job by itself.
+
+On CPU the ranks use gloo; with GPUs, nccl (one process per GPU: ``--nproc-per-node`` = GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.plugins.environments import TorchElasticEnvironment
+
+from ptl_resiliency import FaultToleranceCallback
+
+log = logging.getLogger("train_lightning")
+WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+class StopOnWarningSignal(Callback):
+    """After SIGUSR1/SIGUSR2 on any rank, all ranks save a checkpoint and stop at the same step.
+
+    The handler only records the signal: it may run in the middle of a collective. The decision
+    is shared once per training step with one small all-reduce, so that no rank stops while the
+    others wait for it in the next step.
+    """
+
+    def __init__(self, checkpoint_path: Path) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, Any] = {}
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.received = signal.Signals(signum)
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        for sig in WARNING_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._on_signal)
+
+    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
+        if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
+            trainer.save_checkpoint(str(self.checkpoint_path))   # every rank calls it; rank 0 writes
+            trainer.should_stop = True
+            if trainer.global_rank == 0:
+                log.warning("rank 0: stopped at step %d after a warning signal (%s); saved %s, the "
+                            "next run resumes from it", trainer.global_step,
+                            self.received.name if self.received else "received by another rank",
+                            self.checkpoint_path)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+
+class SlowBoringModel(BoringModel):
+    """Lightning's BoringModel; ``step_delay`` seconds per step stand in for a real model."""
+
+    def __init__(self, step_delay: float) -> None:
+        super().__init__()
+        self.step_delay = step_delay
+
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        if self.step_delay > 0:
+            time.sleep(self.step_delay)
+        return super().training_step(batch, batch_idx)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run-dir", type=Path, required=True,
+                        help="shared directory for checkpoints and the fault tolerance state")
+    parser.add_argument("--max-steps", type=int, default=2000, help="training is complete at this step")
+    parser.add_argument("--checkpoint-every", type=int, default=100, help="save last.ckpt every N steps")
+    parser.add_argument("--step-delay", type=float, default=0.0,
+                        help="seconds to sleep in each step, to make the demo last")
+    args = parser.parse_args()
+    for name in ("max_steps", "checkpoint_every"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.step_delay < 0:
+        parser.error(f"--step-delay must not be negative, got {args.step_delay}")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    rank = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+
+    checkpoints = args.run_dir / "checkpoints"
+    last = checkpoints / "last.ckpt"
+    devices = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    num_nodes = max(1, int(os.environ.get("WORLD_SIZE", "1")) // devices)
+    trainer = Trainer(
+        accelerator="auto",
+        devices=devices,
+        num_nodes=num_nodes,
+        strategy="ddp",
+        plugins=[TorchElasticEnvironment()],
+        max_steps=args.max_steps,
+        max_epochs=-1,
+        default_root_dir=str(args.run_dir),
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[
+            ModelCheckpoint(dirpath=str(checkpoints), save_last=True,
+                            every_n_train_steps=args.checkpoint_every, save_top_k=0),
+            StopOnWarningSignal(last),
+            FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=str(args.run_dir)),
+        ],
+    )
+    resume_from = str(last) if last.exists() else None
+    log.info("rank %s, attempt %s: %s", rank, os.environ.get("AUTORESUME_ATTEMPT", "?"),
+             f"resuming from {resume_from}" if resume_from else "starting from scratch")
+    trainer.fit(SlowBoringModel(args.step_delay), ckpt_path=resume_from)
+    log.info("rank %s: fit returned at step %d of %d", rank, trainer.global_step, args.max_steps)
+
+
+if __name__ == "__main__":
+    main()

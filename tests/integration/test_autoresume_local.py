@@ -1,0 +1,288 @@
+"""scripts/autoresume.sh in local mode, with the real ft_launcher and tiny stdlib workers.
+
+Each test runs the script as a subprocess in its own session, with a private short TMPDIR and
+a token in the environment; afterwards no process carrying the token may be alive and the
+TMPDIR must be empty. The worker (tests/workers/autoresume_worker.py) counts its own runs, so
+the attempt counts below do not just trust the script's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.workers.autoresume_common import (
+    FT_LAUNCHER,
+    SCRIPT,
+    TOKEN_ENV,
+    WORKER,
+    assert_no_leftovers,
+    read_history,
+    wait_for,
+    worker_runs,
+)
+
+RUN_TIMEOUT_S = 90.0
+LAUNCHER_ARGS = "--standalone --nproc-per-node 1 --max-restarts 0 --monitor-interval 0.1"
+
+
+@dataclass
+class LocalRun:
+    """Where one test's script keeps things, and how to start it."""
+
+    tmp_path: Path
+    private_tmp: Path
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.tmp_path / "run"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp_path / "worker-state"
+
+    @property
+    def flag(self) -> Path:
+        return self.run_dir / "finished.flag"
+
+    @property
+    def log(self) -> Path:
+        return self.tmp_path / "autoresume.log"
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for name in list(env):
+            if name.startswith(("SLURM_", "AUTORESUME_", "FT_LAUNCHER", "FAULT_TOL_")):
+                del env[name]
+        env.update({TOKEN_ENV: self.token, "TMPDIR": str(self.private_tmp), "OMP_NUM_THREADS": "1"})
+        return env
+
+    def start(self, *script_args: str, behaviour: list[str] | None = None,
+              launcher_args: str = LAUNCHER_ARGS) -> subprocess.Popen:
+        """Start the script; ``behaviour`` (worker arguments) makes it run our worker."""
+        self.state_dir.mkdir(exist_ok=True)
+        command = ["bash", str(SCRIPT), "--launcher", str(FT_LAUNCHER), "--run-dir", str(self.run_dir),
+                   "--launcher-args", launcher_args, *script_args]
+        if behaviour is not None:
+            command += ["--", str(WORKER), str(self.state_dir), *behaviour]
+        with open(self.log, "ab") as log:
+            proc = subprocess.Popen(command, env=self.env(), cwd=self.tmp_path, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    def wait(self, proc: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> int:
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"autoresume.sh still running after {timeout} s:\n{self.output()}") from None
+
+    def run(self, *script_args: str, behaviour: list[str] | None = None, **kwargs) -> int:
+        return self.wait(self.start(*script_args, behaviour=behaviour, **kwargs))
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else "<no output>"
+
+
+@pytest.fixture
+def local_run(tmp_path: Path) -> Iterator[LocalRun]:
+    private_tmp = Path(tempfile.mkdtemp(prefix="ar-"))   # short path: sockets live here
+    run = LocalRun(tmp_path, private_tmp)
+    try:
+        yield run
+        assert_no_leftovers(run.token, private_tmp)
+    finally:
+        for proc in run.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def decisions(run: LocalRun) -> list[str]:
+    return [row.decision.split(":")[0] for row in read_history(run.run_dir)]
+
+
+def test_fails_twice_then_finishes(local_run: LocalRun) -> None:
+    rc = local_run.run("--max-failures", "3", behaviour=["fail-first", "2"])
+
+    assert rc == 0, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert [row.attempt for row in history] == [1, 2, 3]
+    assert [row.exit_code for row in history] == ["1", "1", "0"]
+    assert [row.failures for row in history] == [1, 2, 0]
+    assert decisions(local_run) == ["continue", "continue", "finished"]
+    assert [row.flag for row in history] == ["no", "no", "yes"]
+    assert {row.job_id for row in history} == {"local"}
+    assert all(row.start <= row.end for row in history)
+    assert local_run.flag.exists()
+    assert worker_runs(local_run.state_dir) == 3
+
+
+def test_always_failing_job_stops_after_the_maximum(local_run: LocalRun) -> None:
+    rc = local_run.run("--max-failures", "2", behaviour=["always-fail"])
+
+    assert rc == 1, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert [row.failures for row in history] == [1, 2]
+    assert decisions(local_run) == ["continue", "stop"]
+    assert "2 consecutive failures" in history[-1].decision
+    assert not local_run.flag.exists()
+    assert worker_runs(local_run.state_dir) == 2
+    assert "2 consecutive failures, the maximum" in local_run.output()
+
+
+def test_warning_signal_continues_and_is_not_a_failure(local_run: LocalRun) -> None:
+    # --max-failures 1: had the warning ending counted as a failure, the loop would stop there.
+    proc = local_run.start("--max-failures", "1", behaviour=["until-usr1"],
+                           launcher_args=LAUNCHER_ARGS.replace("--nproc-per-node 1", "--nproc-per-node 2"))
+    ready = [local_run.state_dir / f"ready-{rank}-1" for rank in (0, 1)]
+    wait_for(lambda: all(path.exists() for path in ready) or proc.poll() is not None, 60,
+             "both ranks waiting for SIGUSR1")
+    assert proc.poll() is None, local_run.output()
+    proc.send_signal(signal.SIGUSR1)
+    rc = local_run.wait(proc)
+
+    assert rc == 0, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert decisions(local_run) == ["continue", "finished"]
+    assert "warning signal SIGUSR1" in history[0].decision
+    assert history[0].exit_code == "0" and history[0].flag == "no"
+    assert [row.failures for row in history] == [0, 0]
+    assert worker_runs(local_run.state_dir, 0) == worker_runs(local_run.state_dir, 1) == 2
+
+
+def test_shutdown_workload_request_stops_without_continuing(local_run: LocalRun) -> None:
+    rc = local_run.run(behaviour=["shutdown"])
+
+    assert rc == 64, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert len(history) == 1
+    assert history[0].exit_code == "64"
+    assert history[0].decision.startswith("stop: a rank requested ShutdownWorkload")
+    assert not local_run.flag.exists()
+    assert worker_runs(local_run.state_dir) == 1
+
+
+def test_launcher_usage_error_stops(local_run: LocalRun) -> None:
+    rc = local_run.run(behaviour=["finish"], launcher_args="--standalone --nproc-per-node two")
+
+    assert rc == 2, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert len(history) == 1 and history[0].exit_code == "2"
+    assert history[0].decision.startswith("stop: ft_launcher usage error")
+    assert worker_runs(local_run.state_dir) == 0
+
+
+def test_sigterm_stops_the_loop(local_run: LocalRun) -> None:
+    proc = local_run.start(behaviour=["until-usr1"])
+    wait_for(lambda: (local_run.state_dir / "ready-0-1").exists() or proc.poll() is not None, 60,
+             "the worker to start")
+    assert proc.poll() is None, local_run.output()
+    proc.send_signal(signal.SIGTERM)
+    rc = local_run.wait(proc)
+
+    assert rc == 128 + signal.SIGTERM, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert len(history) == 1
+    assert history[0].decision.startswith("stop: terminated by SIGTERM")
+    assert worker_runs(local_run.state_dir) == 1
+
+
+def test_attempt_of_a_killed_script_is_recorded_and_counted(local_run: LocalRun) -> None:
+    # The first script dies with SIGKILL mid-attempt (as on a lost node): it cannot record
+    # anything, so the next run must, counting it as a failure.
+    proc = local_run.start(behaviour=["until-usr1"])
+    wait_for(lambda: (local_run.state_dir / "ready-0-1").exists() or proc.poll() is not None, 60,
+             "the worker to start")
+    assert proc.poll() is None, local_run.output()
+    os.killpg(proc.pid, signal.SIGKILL)   # the script and its launcher; workers follow the launcher
+    proc.wait(timeout=10)
+
+    rc = local_run.run(behaviour=["until-usr1"])   # run 2 of the worker finishes
+
+    assert rc == 0, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert [row.attempt for row in history] == [1, 2]
+    assert history[0].decision.startswith("continue: no record of how it ended")
+    assert (history[0].end, history[0].exit_code, history[0].failures) == ("-", "-", 1)
+    assert history[1].decision.startswith("finished")
+    assert worker_runs(local_run.state_dir) == 2
+
+
+def test_max_attempts_bounds_clean_endings_without_the_flag(local_run: LocalRun) -> None:
+    rc = local_run.run("--max-attempts", "2", "--max-failures", "1", behaviour=["clean-exit"])
+
+    assert rc == 1, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert decisions(local_run) == ["continue", "stop"]
+    assert "exited 0 without the flag" in history[0].decision
+    assert history[1].decision.startswith("stop: --max-attempts 2 reached")
+    assert [row.failures for row in history] == [0, 0]
+    assert worker_runs(local_run.state_dir) == 2
+
+
+def test_finished_flag_before_start_runs_nothing(local_run: LocalRun) -> None:
+    local_run.run_dir.mkdir()
+    local_run.flag.write_text("done\n")
+
+    rc = local_run.run(behaviour=["always-fail"])
+
+    assert rc == 0, local_run.output()
+    assert worker_runs(local_run.state_dir) == 0
+    assert not (local_run.run_dir / "history.tsv").exists()
+    assert "nothing to run" in local_run.output()
+
+
+def test_run_dir_in_use_is_refused(local_run: LocalRun) -> None:
+    local_run.run_dir.mkdir()
+    with open(local_run.run_dir / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        rc = local_run.run(behaviour=["finish"])
+
+    assert rc == 1, local_run.output()
+    assert "in use by another autoresume.sh" in local_run.output()
+    assert worker_runs(local_run.state_dir) == 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--max-failures", "zero", "train.py"], "--max-failures (AUTORESUME_MAX_FAILURES) must be a whole number >= 1, got 'zero'"),
+    (["--max-attempts", "-1", "train.py"], "--max-attempts (AUTORESUME_MAX_ATTEMPTS) must be a whole number (0 = no limit), got '-1'"),
+    (["--mode", "cloud", "train.py"], "--mode (AUTORESUME_MODE) must be auto, slurm or local, got 'cloud'"),
+    (["--mode", "slurm", "train.py"], "--mode slurm needs to run inside an sbatch job"),
+    (["--launcher", "/nonexistent/ft_launcher", "train.py"], "ft_launcher not found: --launcher (FT_LAUNCHER) is '/nonexistent/ft_launcher'"),
+    (["--frobnicate", "train.py"], "unknown option '--frobnicate'"),
+    (["--run-dir"], "option --run-dir needs a value"),
+    ([], "no training command given"),
+])
+def test_bad_input_is_a_usage_error(local_run: LocalRun, args: list[str], message: str) -> None:
+    proc = subprocess.run(["bash", str(SCRIPT), "--launcher", str(FT_LAUNCHER), *args],
+                          env=local_run.env(), cwd=local_run.tmp_path, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert not (local_run.tmp_path / "autoresume").exists()
+
+
+def test_help_documents_the_exit_code_mapping() -> None:
+    proc = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0
+    text = proc.stdout
+    for needle in ("launcher exit 64", "launcher exit 2", "launcher exit 1", "launcher exit 128+N",
+                   "SIGUSR1", "--max-failures", "--run-dir", "--flag-file", "--launcher-args",
+                   "history.tsv", "scontrol requeue", "--open-mode=append"):
+        assert needle in text, needle
