@@ -1,0 +1,38 @@
+import time
+
+STARTED = time.time()  # first statement: "replacement process started"
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+out = os.environ["BENCH_OUT"]
+rank = int(os.environ["RANK"])
+attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def write(name, value):
+    with open(os.path.join(out, f"{name}_a{attempt}_r{rank}"), "w") as stream:
+        json.dump(value, stream)
+
+
+write("started", STARTED)
+if os.environ.get("BENCH_CLIENT") == "1":
+    from ft_core import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+write("ready", time.time())
+planned_crashes_done = len([n for n in os.listdir(out) if n.startswith("crash_")])
+if planned_crashes_done < int(os.environ.get("BENCH_CRASHES", "1")) and rank == 1:
+    write("crash", time.time())
+    os._exit(1)
+dist.all_reduce(t)  # rank 0 would block here until the crash is noticed
+dist.destroy_process_group()
+sys.exit(0)
