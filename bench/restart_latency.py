@@ -23,6 +23,7 @@ WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "restart_worke
 
 TOOLS = {
     "ft_launcher": [sys.executable, "-m", "launcher"],
+    "ft_launcher_cold": [sys.executable, "-m", "launcher", "--no-warm-restarts"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
 }
 
@@ -31,7 +32,9 @@ def one_run(tool: str, extra: list[str], crashes: int) -> tuple[list[tuple[float
     """Per planned crash (to processes started, to group ready); unplanned restarts; exit code."""
     with tempfile.TemporaryDirectory() as out:
         env = {**os.environ, "BENCH_OUT": out, "OMP_NUM_THREADS": "1", "BENCH_CRASHES": str(crashes),
-               "BENCH_CLIENT": "1" if tool.startswith("ft_launcher") else "0"}
+               "BENCH_CLIENT": "1" if tool.startswith("ft_launcher") else "0",
+               # let the warm template finish importing before the first planned crash
+               "BENCH_FIRST_WAIT": "1" if tool == "ft_launcher" else "0"}
         # Spare restarts: a launcher whose restarted group fails to form needs more than planned.
         cmd = TOOLS[tool] + ["--standalone", "--nproc-per-node", "2", "--max-restarts", str(crashes + 5),
                              "--monitor-interval", "0.1", *extra, WORKER]

@@ -29,6 +29,11 @@ dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
 write("ready", time.time())
+if attempt == 0 and os.environ.get("BENCH_FIRST_WAIT") == "1" and rank == 1:
+    template = os.path.join(os.path.dirname(os.environ["FT_RANK_MONITOR_IPC_SOCKET"]), "warm.sock")
+    deadline = time.time() + 60
+    while not os.path.exists(template) and time.time() < deadline:
+        time.sleep(0.05)
 planned_crashes_done = len([n for n in os.listdir(out) if n.startswith("crash_")])
 if planned_crashes_done < int(os.environ.get("BENCH_CRASHES", "1")) and rank == 1:
     write("crash", time.time())

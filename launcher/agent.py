@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import selectors
 import signal
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from launcher import processes
 from launcher.control_server import ControlServer, ReceivedRequest
 from launcher.events import EventLog, FailureRecord
 from launcher.monitors import MonitorPool
+from launcher.warm import ZYGOTE_SOCKET_ENV, WarmTemplate, warm_entrypoint
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         min_nodes: The minimum of ``--nnodes`` (used by ``min-healthy``).
         on_workers_started: Called after each worker start (the launcher re-asserts its
             signal handlers there, since torch installs its own).
+        warm: The node's warm template; workers are then forked from it (see
+            :mod:`launcher.warm`). None starts every worker cold, as torchrun does.
     """
 
     def __init__(
@@ -81,7 +85,21 @@ class FaultTolerantAgent(LocalElasticAgent):
         log_line_prefix_template: str | None = None,
         shutdown_timeout: int = 30,
         on_workers_started: Callable[[], None] | None = None,
+        warm: WarmTemplate | None = None,
     ) -> None:
+        if warm is not None:
+            command = warm_entrypoint(spec.entrypoint, spec.args)
+            if command is None:
+                logger.info("warm restarts need a Python entry point run by this interpreter; starting cold")
+                warm = None
+            else:
+                spec.entrypoint, spec.args = command
+        self._warm = warm
+        # torch's loop sleeps monitor_interval before each _monitor_workers call; we make that
+        # sleep negligible and instead wait in _monitor_workers for the first of: a worker
+        # exit (pidfd), a monitor report, a control request, or the interval.
+        self._poll_interval = spec.monitor_interval
+        spec.monitor_interval = 0.001
         super().__init__(
             spec=spec,
             logs_specs=logs_specs,
@@ -100,13 +118,13 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._phase_started = time.monotonic()
         self._last_failure_at: float | None = None
         self._rendezvous_s: float | None = None
-        self._hangs: dict[int, dict[str, Any]] = {}
+        self._hangs: dict[int, dict[str, Any]] = {}  # by local rank
         self._worker_pids: dict[int, int] = {}
         self._awaiting_ready: set[int] = set()
         self._cycle_started_at = 0.0
         self._next_store_check = 0.0
         self._unhealthy_wait: RunResult | None = None
-        self._known_descendants: set[int] = set()
+        self._pidfds: dict[int, int] = {}
 
     # ------------------------------------------------------------------ starting
 
@@ -123,10 +141,21 @@ class FaultTolerantAgent(LocalElasticAgent):
                            local_rank, exit_code)
             self._events.record("monitor_replaced", cycle=self.cycle, local_rank=local_rank,
                                 exit_code=exit_code)
+        warm_ready = False
+        if self._warm is not None:
+            exit_code = self._warm.replace_if_dead()
+            if exit_code is not None:
+                self._events.record("warm_template_replaced", cycle=self.cycle, exit_code=exit_code)
+            was_ready = self._warm.status is not None
+            status = self._warm.poll_ready()
+            warm_ready = status is not None and self._warm.alive()
+            if status is not None and not was_ready:
+                self._events.record("warm_template_ready", cycle=self.cycle, pid=self._warm.pid, **status)
         self._hangs.clear()
         pids = super()._start_workers(worker_group)
         spawned_at = time.monotonic()
         self._worker_pids = dict(pids)
+        self._open_pidfds()
         for worker in worker_group.workers:
             pid = pids[worker.local_rank]
             self._monitors.worker_started(worker.local_rank, pid, self.cycle, worker.global_rank)
@@ -145,6 +174,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             rendezvous_s=_round(self._rendezvous_s),
             spawn_s=_round(spawned_at - self._phase_started),
             since_failure_s=_round(since_failure),
+            warm_start=warm_ready,
         )
         self._last_failure_at = None
         logger.info("cycle %s: started workers %s", self.cycle, sorted(pids.values()))
@@ -160,6 +190,8 @@ class FaultTolerantAgent(LocalElasticAgent):
             env[FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR] = self._monitors.socket_path(local_rank)
             env[FT_LAUNCHER_IPC_SOCKET_ENV_VAR] = self._control.path
             env[FT_CYCLE_ENV_VAR] = str(self.cycle)
+            if self._warm is not None:
+                env[ZYGOTE_SOCKET_ENV] = self._warm.socket_path
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         self._phase_started = time.monotonic()
@@ -170,7 +202,28 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     # ------------------------------------------------------------------ monitoring
 
+    def _open_pidfds(self) -> None:
+        self._close_pidfds()
+        for pid in self._worker_pids.values():
+            with contextlib.suppress(OSError):
+                self._pidfds[pid] = os.pidfd_open(pid)
+
+    def _close_pidfds(self) -> None:
+        for fd in self._pidfds.values():
+            os.close(fd)
+        self._pidfds.clear()
+
+    def _wait_for_activity(self) -> None:
+        """Block up to the monitor interval, returning early when anything happens."""
+        with selectors.DefaultSelector() as selector:
+            for fd in [*self._pidfds.values(), *self._monitors.filenos(), self._control.notify_fileno()]:
+                with contextlib.suppress(ValueError, KeyError, OSError):
+                    selector.register(fd, selectors.EVENT_READ)
+            selector.select(self._poll_interval)
+        self._control.clear_notify()
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        self._wait_for_activity()
         if self._unhealthy_wait is not None:
             return self._wait_while_unhealthy(worker_group)
         # Which workers had already exited before torch's poll stops the others: those are
@@ -194,7 +247,9 @@ class FaultTolerantAgent(LocalElasticAgent):
     def _on_monitor_event(self, local_rank: int, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "rank_hang":
-            self._hangs[event["pid"]] = event
+            # Keyed by local rank: with warm starts torch knows the trampoline's pid, the
+            # monitor the forked worker's.
+            self._hangs[local_rank] = event
         elif kind == "rank_connected" and local_rank in self._awaiting_ready:
             self._awaiting_ready.discard(local_rank)
             if not self._awaiting_ready:
@@ -244,7 +299,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         for global_rank, failure in result.failures.items():
             worker = by_rank.get(global_rank)
             local_rank = worker.local_rank if worker is not None else failure.local_rank
-            hang = self._hangs.get(failure.pid)
+            hang = self._hangs.get(local_rank)
             detail: dict[str, Any] = {"exit_code": failure.exitcode}
             if hang is not None:
                 kind, cause = "hang", hang["cause"]
@@ -379,16 +434,19 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         super()._stop_workers(worker_group)
+        self._close_pidfds()
         self._reap_leftovers()
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         super()._shutdown(death_sig, timeout)
+        self._close_pidfds()
         self._reap_leftovers()
 
     def _reap_leftovers(self) -> None:
         """Kill what workers left behind: their process groups and re-parented orphans."""
         killed = processes.kill_leftovers(
             worker_pids=list(self._worker_pids.values()), keep=set(self._monitors.pids()),
+            keep_alone={self._warm.pid} if self._warm is not None and self._warm.pid else set(),
         )
         if killed:
             logger.warning("killed %s process(es) left behind by workers: %s", len(killed), sorted(killed))

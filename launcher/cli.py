@@ -88,6 +88,18 @@ def get_args_parser() -> argparse.ArgumentParser:
         "long after SIGTERM before SIGKILL. Default: --shutdown-timeout, i.e. 30 s.",
     )
     group.add_argument(
+        "--no-warm-restarts", "--no_warm_restarts", dest="warm_restarts", action="store_false",
+        help="Start every worker as a new interpreter, as torchrun does. By default a per-node "
+        "warm template that has imported torch forks the workers, so a restart skips the "
+        "interpreter start and 'import torch' (Python entry points only).",
+    )
+    group.add_argument(
+        "--warm-preload", "--warm_preload", dest="warm_preload", default="torch,torch.distributed",
+        metavar="MODULES",
+        help="Comma-separated modules the warm template imports (default: torch,torch.distributed; "
+        "add e.g. lightning.pytorch for Lightning jobs).",
+    )
+    group.add_argument(
         "--ft-event-log", "--ft_event_log", dest="ft_event_log", default=None, metavar="PATH",
         help="Append one JSON record per cycle, failure, control request and result to PATH "
         "('{node}' is replaced by the host name). Default: <--log-dir>/ft_events.jsonl when "

@@ -60,9 +60,22 @@ class ControlServer:
         self._listener.listen(16)
         self._listener.setblocking(False)
         self._wake_r, self._wake_w = socket.socketpair()
+        # Readable whenever a request was queued, so the agent can wait for it with a selector.
+        self._notify_r, self._notify_w = socket.socketpair()
+        self._notify_r.setblocking(False)
+        self._notify_w.setblocking(False)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="ft-control-server", daemon=True)
         self._thread.start()
+
+    def notify_fileno(self) -> int:
+        """A descriptor that becomes readable when a request is queued (see :meth:`clear_notify`)."""
+        return self._notify_r.fileno()
+
+    def clear_notify(self) -> None:
+        with contextlib.suppress(BlockingIOError, InterruptedError):
+            while self._notify_r.recv(4096):
+                pass
 
     def set_workers(self, pids: list[int]) -> None:
         """Accept requests only from these processes (and their descendants) from now on."""
@@ -77,7 +90,7 @@ class ControlServer:
         with contextlib.suppress(OSError):
             self._wake_w.send(b"x")
         self._thread.join(5)
-        for sock in (self._listener, self._wake_r, self._wake_w):
+        for sock in (self._listener, self._wake_r, self._wake_w, self._notify_r, self._notify_w):
             sock.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
@@ -127,6 +140,8 @@ class ControlServer:
             return
         rank = message.get("rank")
         self.requests.put(ReceivedRequest(request, pid, rank if isinstance(rank, int) else None, time.time()))
+        with contextlib.suppress(OSError):
+            self._notify_w.send(b"r")
         self._reply(conn, {"type": protocol.MSG_OK})
 
     @staticmethod

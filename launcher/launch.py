@@ -37,6 +37,7 @@ from launcher.control_server import ControlServer
 from launcher.events import EventLog
 from launcher.monitors import MonitorPool
 from launcher.signals import SignalHandling
+from launcher.warm import WarmTemplate
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,9 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
     )
     events = EventLog(event_path)
     monitors = MonitorPool(ft_cfg, run_dir, config.nproc_per_node)
+    warm = None
+    if args.warm_restarts and os.environ.get("FT_LAUNCHER_WARM_RESTARTS", "1") != "0":
+        warm = WarmTemplate(os.path.join(run_dir, "warm.sock"), [m for m in args.warm_preload.split(",") if m])
     control: ControlServer | None = None
     agent: FaultTolerantAgent | None = None
     signals: SignalHandling | None = None
@@ -98,11 +102,14 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
             restart_policy=ft_cfg.restart_policy, rdzv_backend=config.rdzv_backend,
             run_id=config.run_id, config=ft_cfg.to_dict(), entrypoint=str(entrypoint),
         )
+        if warm is not None:
+            warm.start()  # imports torch in parallel with everything below
         monitors.start()
-        events.record("monitors_started", monitor_pids=monitors.pids())
+        events.record("monitors_started", monitor_pids=monitors.pids(),
+                      warm_template_pid=warm.pid if warm is not None else None)
         control = ControlServer(os.path.join(run_dir, "launcher.sock"))
         agent = _build_agent(config, entrypoint, entry_args, ft_cfg, monitors, control, events,
-                             int(shutdown_timeout), on_workers_started=signals.reinstall)
+                             int(shutdown_timeout), on_workers_started=signals.reinstall, warm=warm)
         shutdown_rdzv = True
         try:
             metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
@@ -132,6 +139,8 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
         if signals is not None:
             signals.close()
         monitors.stop()
+        if warm is not None:
+            warm.stop()
         if control is not None:
             control.close()
         processes.kill_leftovers(worker_pids=list(agent._worker_pids.values()) if agent else [], keep=set())
@@ -145,7 +154,8 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
 
 def _build_agent(config: Any, entrypoint: Any, entry_args: list[str], ft_cfg: FaultToleranceConfig,
                  monitors: MonitorPool, control: ControlServer, events: EventLog,
-                 shutdown_timeout: int, on_workers_started: Any = None) -> FaultTolerantAgent:
+                 shutdown_timeout: int, on_workers_started: Any = None,
+                 warm: WarmTemplate | None = None) -> FaultTolerantAgent:
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
         logger.warning("no --rdzv-id given; using the random run id %s", config.run_id)
@@ -189,6 +199,7 @@ def _build_agent(config: Any, entrypoint: Any, entry_args: list[str], ft_cfg: Fa
         log_line_prefix_template=config.log_line_prefix_template,
         shutdown_timeout=shutdown_timeout,
         on_workers_started=on_workers_started,
+        warm=warm,
     )
 
 

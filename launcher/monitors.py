@@ -104,6 +104,10 @@ class MonitorPool:
                                             "monitor_pid": slot.process.pid}))
         return events
 
+    def filenos(self) -> list[int]:
+        """Descriptors that become readable when a monitor has something to report."""
+        return [slot.link.fileno() for slot in self._slots.values() if slot.link is not None and not slot.link.lost]
+
     def pids(self) -> list[int]:
         return [slot.process.pid for slot in self._slots.values()]
 

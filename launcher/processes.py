@@ -75,18 +75,19 @@ def descendants(root: int, procs: Iterable[ProcInfo]) -> set[int]:
     return found
 
 
-def kill_leftovers(worker_pids: list[int], keep: set[int]) -> set[int]:
+def kill_leftovers(worker_pids: list[int], keep: set[int], keep_alone: set[int] | None = None) -> set[int]:
     """SIGKILL what workers left behind, and reap the ones re-parented to us.
 
     Leftovers are processes in a worker's session (workers start their own) and descendants of
-    this launcher, except the processes in ``keep`` (the monitors) and their descendants.
+    this launcher, except the processes in ``keep`` (the monitors) with their descendants and
+    those in ``keep_alone`` (the warm template, whose children are workers) without them.
 
     Returns:
         The pids that were killed.
     """
     procs = list_processes()
     me = os.getpid()
-    protected = set(keep)
+    protected = set(keep) | set(keep_alone or ())
     for pid in keep:
         protected |= descendants(pid, procs)
     sessions = set(worker_pids)

@@ -1,0 +1,122 @@
+"""Warm restarts: the launcher's handle on the node's warm template (see :mod:`launcher.zygote`).
+
+With warm restarts on (the default for Python entry points), every worker is started through
+:mod:`launcher.trampoline`, which has the template fork the real worker with torch already
+imported; a restart then costs a fork instead of an interpreter start and ``import torch``. The
+template is started at launch without waiting for it (its first import takes seconds); until it
+is ready, and whenever it is gone, trampolines fall back to the plain cold start. A template that
+dies is replaced before the next cycle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import selectors
+import subprocess
+import sys
+
+logger = logging.getLogger(__name__)
+
+LAUNCHER_DIR = os.path.dirname(os.path.abspath(__file__))
+TRAMPOLINE = os.path.join(LAUNCHER_DIR, "trampoline.py")
+ZYGOTE = os.path.join(LAUNCHER_DIR, "zygote.py")
+ZYGOTE_SOCKET_ENV = "FT_WARM_TEMPLATE_SOCKET"
+STOP_TIMEOUT = 5.0
+
+
+def warm_entrypoint(entrypoint: object, args: tuple) -> tuple[str, tuple] | None:
+    """The trampoline command replacing a ``python -u ...`` worker command, or None.
+
+    Only a worker started with this launcher's own interpreter can be forked from the template
+    (``--no-python``, ``--run-path`` and ``PYTHON_EXEC`` pointing elsewhere start cold).
+    """
+    if entrypoint != sys.executable or not args or args[0] != "-u":
+        return None
+    return sys.executable, ("-I", "-S", TRAMPOLINE, *args)
+
+
+class WarmTemplate:
+    """Starts, watches and stops the template process.
+
+    Args:
+        socket_path: Where the template listens (inside the launcher's private run directory).
+        preload: Modules the template imports before it serves.
+    """
+
+    def __init__(self, socket_path: str, preload: list[str]) -> None:
+        self.socket_path = socket_path
+        self.preload = preload
+        self._process: subprocess.Popen[bytes] | None = None
+        self._ready_fd: int | None = None
+        self.status: dict | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> None:
+        """Start the template; it becomes usable once its imports are done."""
+        read_fd, write_fd = os.pipe()
+        env = dict(os.environ)
+        env.pop(ZYGOTE_SOCKET_ENV, None)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, ZYGOTE, "--socket", self.socket_path, "--parent-pid", str(os.getpid()),
+                 "--preload", ",".join(self.preload), "--ready-fd", str(write_fd)],
+                env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            os.close(write_fd)
+        self._ready_fd = read_fd
+        self.status = None
+
+    def poll_ready(self, timeout: float = 0.0) -> dict | None:
+        """The template's ready report (failed preloads, CUDA state) once it is ready."""
+        if self.status is None and self._ready_fd is not None:
+            with selectors.DefaultSelector() as sel:
+                sel.register(self._ready_fd, selectors.EVENT_READ)
+                if sel.select(timeout):
+                    data = os.read(self._ready_fd, 65536)
+                    os.close(self._ready_fd)
+                    self._ready_fd = None
+                    if data:
+                        self.status = json.loads(data)
+                        for failure in self.status.get("failed_preloads", []):
+                            logger.warning("warm template could not preload %s", failure)
+        return self.status
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def replace_if_dead(self) -> int | None:
+        """Restart a template that exited; return its exit code (None if it was fine)."""
+        if self._process is None or self.alive():
+            return None
+        code = self._process.returncode
+        logger.warning("the warm template exited (code %s); starting a new one, workers start cold until "
+                       "it is ready", code)
+        self._close_ready_fd()
+        self.start()
+        return code
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait(STOP_TIMEOUT)
+        self._close_ready_fd()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    def _close_ready_fd(self) -> None:
+        if self._ready_fd is not None:
+            os.close(self._ready_fd)
+            self._ready_fd = None
