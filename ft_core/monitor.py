@@ -77,6 +77,10 @@ class _RankSession:
     section_timeouts: list[Optional[float]]
     out_of_section_timeout: Optional[float]
     hang_handled: bool = False
+    # When the rank last changed a timeout: clocks restart there, since a rank that just sent
+    # us a message is alive (a shorter timeout must not be applied to an interval begun before).
+    hb_timeouts_set_at: float = 0.0
+    section_timeouts_set_at: float = 0.0
 
     def describe(self) -> str:
         rank = self.info.get("rank")
@@ -546,6 +550,7 @@ class RankMonitorServer:
             if kind == protocol.MSG_SET_HB_TIMEOUTS:
                 session.hb_initial = _timeout_value(message, "initial")
                 session.hb_subsequent = _timeout_value(message, "subsequent")
+                session.hb_timeouts_set_at = time.monotonic()
                 logger.info(
                     "%s: heartbeat timeouts set to initial=%s subsequent=%s",
                     session.describe(), _fmt(session.hb_initial), _fmt(session.hb_subsequent),
@@ -579,6 +584,7 @@ class RankMonitorServer:
         if "out_of_section" in message:
             session.out_of_section_timeout = _timeout_value(message, "out_of_section")
         session.section_timeouts = new_values
+        session.section_timeouts_set_at = time.monotonic()
         logger.info(
             "%s: section timeouts set to %s, out-of-section=%s",
             session.describe(),
@@ -600,15 +606,21 @@ class RankMonitorServer:
             if best is None or when < best.when:
                 best = _Deadline(when, kind, start, timeout, section)
 
+        hb_floor = session.hb_timeouts_set_at
         last_hb = slot.last_heartbeat()
         if last_hb == 0.0:
-            consider(session.connected_at, session.hb_initial, "initial_heartbeat")
+            consider(max(session.connected_at, hb_floor), session.hb_initial, "initial_heartbeat")
         else:
-            consider(last_hb, session.hb_subsequent, "heartbeat")
-        consider(slot.out_of_section_since(), session.out_of_section_timeout, "out_of_section")
+            consider(max(last_hb, hb_floor), session.hb_subsequent, "heartbeat")
+        section_floor = session.section_timeouts_set_at
+        oos_since = slot.out_of_section_since()
+        if oos_since > 0.0:
+            consider(max(oos_since, section_floor), session.out_of_section_timeout, "out_of_section")
         for index, timeout in enumerate(session.section_timeouts):
             if timeout is not None:
-                consider(slot.section_open_since(index), timeout, "section", session.section_names[index])
+                since = slot.section_open_since(index)
+                if since > 0.0:
+                    consider(max(since, section_floor), timeout, "section", session.section_names[index])
         return best
 
     def _check_rank(self, now: float) -> float | None:
@@ -758,7 +770,7 @@ def _timeout_value(mapping: dict[str, Any], key: str) -> Optional[float]:
 
 
 def _fmt(value: Optional[float]) -> str:
-    return "inf" if value is None else f"{value:.1f}s"
+    return "inf" if value is None else f"{value:.3g}s"
 
 
 def configure_logging(level: int, label: str) -> None:

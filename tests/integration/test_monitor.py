@@ -384,3 +384,16 @@ def test_importing_ft_core_does_not_import_torch():
     code = "import sys, ft_core, ft_core.client, ft_core.monitor; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_shorter_timeout_restarts_the_clock_instead_of_firing_at_once(monitored):
+    # The last heartbeat is older than the newly calculated timeout when it is set; the rank just
+    # proved it is alive by sending the update, so the new timeout counts from the update.
+    cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=60, rank_heartbeat_timeout=60, safety_factor=2.0)
+    rank, link, _ = monitored(cfg, [
+        ["init"], ["hb", 3, 0.05], ["sleep", 1.0], ["calc_hb"], ["hb", 20, 0.02], ["shutdown"],
+    ])
+    calc = rank.next_event("calc_hb")
+    assert calc["ok"] and calc["hb"]["subsequent"] < 1.0
+    assert rank.wait(20) == 0
+    assert not [e for e in link.poll_events() if e["type"] == protocol.MSG_RANK_HANG]
