@@ -36,6 +36,7 @@ from ft_core.errors import ProtocolError, RankMonitorClientError
 from ft_core.progress_slot import (
     OFF_HEARTBEAT_COUNT,
     OFF_LAST_HEARTBEAT,
+    OFF_LAST_SECTION_ACTIVITY,
     OFF_OUT_OF_SECTION_SINCE,
     ProgressSlot,
     section_offset,
@@ -261,6 +262,7 @@ class RankMonitorClient:
         _pack_f64(mm, section_offset(index), now)
         if first_open:
             _pack_f64(mm, OFF_OUT_OF_SECTION_SINCE, 0.0)
+        _pack_f64(mm, OFF_LAST_SECTION_ACTIVITY, now)
         if now >= self._next_liveness_check:
             self._check_monitor(now)
 
@@ -286,6 +288,7 @@ class RankMonitorClient:
         if last_closed:
             _pack_f64(mm, OFF_OUT_OF_SECTION_SINCE, now)
         _pack_f64(mm, section_offset(self._section_index[section]), 0.0)
+        _pack_f64(mm, OFF_LAST_SECTION_ACTIVITY, now)
 
     def end_all_sections(self) -> None:
         """Close every open section (e.g. before a checkpoint that is out of any section)."""

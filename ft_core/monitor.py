@@ -607,7 +607,9 @@ class RankMonitorServer:
                 best = _Deadline(when, kind, start, timeout, section)
 
         hb_floor = session.hb_timeouts_set_at
-        last_hb = slot.last_heartbeat()
+        # Opening or closing a section is progress too: a sections-only rank is not "missing
+        # heartbeats" while it moves through its sections.
+        last_hb = max(slot.last_heartbeat(), slot.last_section_activity())
         if last_hb == 0.0:
             consider(max(session.connected_at, hb_floor), session.hb_initial, "initial_heartbeat")
         else:

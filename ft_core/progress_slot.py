@@ -7,7 +7,7 @@ deadlines is due, so a busy rank costs it nothing.
 Layout (native byte order, all times are ``time.monotonic()`` seconds, which is
 ``CLOCK_MONOTONIC`` and therefore shared by all processes on the host; 0.0 means "not set")::
 
-    0   u32  magic            8   f64  reserved
+    0   u32  magic            8   f64  last section open/close time
     4   u32  section count    16  f64  last heartbeat time
                               24  u64  heartbeat count
                               32  f64  out-of-section since (0.0 while a section is open)
@@ -33,6 +33,7 @@ _HEADER = struct.Struct("=II")
 _F64 = struct.Struct("=d")
 _U64 = struct.Struct("=Q")
 
+OFF_LAST_SECTION_ACTIVITY = 8
 OFF_LAST_HEARTBEAT = 16
 OFF_HEARTBEAT_COUNT = 24
 OFF_OUT_OF_SECTION_SINCE = 32
@@ -109,6 +110,9 @@ class ProgressSlot:
 
     def last_heartbeat(self) -> float:
         return _F64.unpack_from(self._mm, OFF_LAST_HEARTBEAT)[0]
+
+    def last_section_activity(self) -> float:
+        return _F64.unpack_from(self._mm, OFF_LAST_SECTION_ACTIVITY)[0]
 
     def heartbeat_count(self) -> int:
         return _U64.unpack_from(self._mm, OFF_HEARTBEAT_COUNT)[0]

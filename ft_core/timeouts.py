@@ -22,6 +22,11 @@ from ft_core.errors import TimeoutsCalcError
 # slower run raises timeouts quickly, a faster one lowers them gradually.
 EMA_WEIGHT_OF_NEW = 0.5
 
+MIN_CALCULATED_TIMEOUT = 1.0
+"""Calculated timeouts never go below this many seconds. Intervals of a few milliseconds (a
+heartbeat right after init, tiny steps) would otherwise give timeouts that a GC pause or a busy
+host exceeds."""
+
 _UNOBSERVED = -1.0
 
 
@@ -128,10 +133,11 @@ class SectionTimeouts:
 
 
 def blend(previous: Optional[float], new: float, previous_was_calculated: bool) -> float:
-    """Merge a newly calculated timeout with the one calculated before (EMA)."""
-    if previous is None or not previous_was_calculated:
-        return new
-    return EMA_WEIGHT_OF_NEW * new + (1.0 - EMA_WEIGHT_OF_NEW) * previous
+    """Merge a newly calculated timeout with the one calculated before (EMA), at least
+    :data:`MIN_CALCULATED_TIMEOUT`."""
+    if previous is not None and previous_was_calculated:
+        new = EMA_WEIGHT_OF_NEW * new + (1.0 - EMA_WEIGHT_OF_NEW) * previous
+    return max(new, MIN_CALCULATED_TIMEOUT)
 
 
 class TimeoutsCalc:

@@ -181,6 +181,20 @@ def test_calculated_heartbeat_timeouts_are_saved_and_enforced_in_the_next_run(mo
     assert rank2.wait(20) == -signal.SIGKILL
 
 
+def test_section_activity_counts_as_heartbeat_liveness(monitored):
+    # A sections-only rank with finite heartbeat timeouts is alive while it moves through its
+    # sections; only when it stops moving does the heartbeat check fire.
+    cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=0.5, rank_heartbeat_timeout=0.5,
+                               rank_section_timeouts={"step": 60})
+    steps = [["init"]] + [["start", "step"], ["sleep", 0.1], ["end", "step"]] * 10 + [["sleep", 60]]
+    rank, link, _ = monitored(cfg, steps)
+    event = wait_event(link, protocol.MSG_RANK_HANG)
+    assert event["kind"] == "heartbeat"
+    assert rank.wait(20) == -signal.SIGKILL
+    sleeps = [rank.next_event("sleep")["at"] for _ in range(11)]
+    assert event["detected_at"] > 0 and len(sleeps) == 11  # all ten steps ran before the hang
+
+
 def test_calculated_section_timeouts_are_enforced(monitored):
     cfg = FaultToleranceConfig(
         initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
@@ -391,9 +405,9 @@ def test_a_shorter_timeout_restarts_the_clock_instead_of_firing_at_once(monitore
     # proved it is alive by sending the update, so the new timeout counts from the update.
     cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=60, rank_heartbeat_timeout=60, safety_factor=2.0)
     rank, link, _ = monitored(cfg, [
-        ["init"], ["hb", 3, 0.05], ["sleep", 1.0], ["calc_hb"], ["hb", 20, 0.02], ["shutdown"],
+        ["init"], ["hb", 3, 0.05], ["sleep", 1.6], ["calc_hb"], ["hb", 20, 0.02], ["shutdown"],
     ])
     calc = rank.next_event("calc_hb")
-    assert calc["ok"] and calc["hb"]["subsequent"] < 1.0
+    assert calc["ok"] and calc["hb"]["subsequent"] < 1.6
     assert rank.wait(20) == 0
     assert not [e for e in link.poll_events() if e["type"] == protocol.MSG_RANK_HANG]

@@ -3,7 +3,7 @@
 import pytest
 
 from ft_core.errors import TimeoutsCalcError
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, TimeoutsCalc, blend
+from ft_core.timeouts import MIN_CALCULATED_TIMEOUT, HeartbeatTimeouts, SectionTimeouts, TimeoutsCalc, blend
 
 
 def test_heartbeat_timeouts_need_two_heartbeats():
@@ -59,6 +59,11 @@ def test_blend_is_an_ema_only_over_calculated_values():
     assert blend(None, 10.0, previous_was_calculated=False) == 10.0
     assert blend(100.0, 10.0, previous_was_calculated=False) == 10.0
     assert blend(20.0, 10.0, previous_was_calculated=True) == 15.0
+
+
+def test_calculated_timeouts_have_a_floor():
+    assert blend(None, 0.004, previous_was_calculated=False) == MIN_CALCULATED_TIMEOUT
+    assert blend(0.5, 0.1, previous_was_calculated=True) == MIN_CALCULATED_TIMEOUT
 
 
 def test_timeouts_state_round_trip():
