@@ -49,6 +49,8 @@ STORE_PREFIX = "ft_launcher/"
 SHUTDOWN_KEY = STORE_PREFIX + "shutdown"
 SHUTDOWN_ACK_KEY = STORE_PREFIX + "shutdown_ack"
 STORE_CHECK_INTERVAL = 0.5
+RESTART_GRACE_SECONDS = 2.0
+"""After a worker failed, the others get SIGTERM and this long before SIGKILL."""
 
 OUTCOME_SHUTDOWN = "shutdown_requested"
 OUTCOME_EXCLUDED = "node_excluded"
@@ -227,8 +229,15 @@ class FaultTolerantAgent(LocalElasticAgent):
         if self._unhealthy_wait is not None:
             return self._wait_while_unhealthy(worker_group)
         # Which workers had already exited before torch's poll stops the others: those are
-        # the root failures; the rest are stopped by torch as a consequence.
-        exited_first = {pid for pid in self._worker_pids.values() if processes.has_exited(pid)}
+        # the root failures; the rest are stopped as a consequence.
+        statuses = {pid: processes.peek_exit_status(pid) for pid in self._worker_pids.values()}
+        exited_first = {pid for pid, status in statuses.items() if status is not None}
+        if any(status not in (None, 0) for status in statuses.values()):
+            # torch would SIGTERM the others and wait 30 s for them; a worker whose peer died is
+            # often stuck in a collective (or in a SIGTERM handler that runs one), so give them
+            # a short grace and then SIGKILL, for a fast restart.
+            survivors = [pid for pid, status in statuses.items() if status is None]
+            processes.terminate_groups(survivors, self._pidfds, RESTART_GRACE_SECONDS)
         result = super()._monitor_workers(worker_group)
         # Monitors report a hang before they signal the rank, so every hang behind a death
         # seen above is in these events.
@@ -320,7 +329,7 @@ class FaultTolerantAgent(LocalElasticAgent):
                     detail["error"] = message[:1000]
             records.append(FailureRecord(self.cycle, global_rank, local_rank, failure.pid, cause, kind,
                                          detected_at, detail))
-        records.sort(key=lambda r: (r.kind == "terminated", r.kind != "hang", r.local_rank))
+        records.sort(key=lambda r: (r.kind == "terminated", r.kind != "hang", r.detected_at, r.local_rank))
         return records
 
     # ------------------------------------------------------------------ workload control
@@ -438,7 +447,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._reap_leftovers()
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        super()._shutdown(death_sig, timeout)
+        # torch's _stop_workers calls _shutdown() with its default 30 s; --term-timeout rules.
+        super()._shutdown(death_sig, self._shutdown_timeout)
         self._close_pidfds()
         self._reap_leftovers()
 

@@ -29,12 +29,62 @@ def set_child_subreaper() -> bool:
     return False
 
 
-def has_exited(pid: int) -> bool:
-    """True if child ``pid`` has exited (without reaping it, so its owner still can)."""
+def peek_exit_status(pid: int) -> int | None:
+    """Exit status of child ``pid`` if it has exited, without reaping it (its owner still can).
+
+    Returns:
+        The exit code, ``-N`` if it was killed by signal N, or None while it runs and once it
+        was reaped (then its owner has seen its status already).
+    """
     try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
+        return None
+    if info is None:
+        return None
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    return -info.si_status
+
+
+def terminate_groups(pids: list[int], pidfds: dict[int, int], grace: float) -> None:
+    """SIGTERM each pid's process group, SIGKILL whatever is left after ``grace`` seconds.
+
+    Waits on the pidfds (bounded), so it returns as soon as all have exited.
+    """
+    import selectors
+
+    def signal_all(sig: signal.Signals) -> list[int]:
+        alive = [pid for pid in pids if peek_exit_status(pid) is None and _exists(pid)]
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+        return alive
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, REAP_TIMEOUT)):
+        alive = signal_all(sig)
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline:
+            with selectors.DefaultSelector() as selector:
+                for pid in alive:
+                    if pid in pidfds:
+                        selector.register(pidfds[pid], selectors.EVENT_READ)
+                if not selector.get_map():
+                    break
+                selector.select(max(0.0, deadline - time.monotonic()))
+            alive = [pid for pid in alive if peek_exit_status(pid) is None and _exists(pid)]
+        if not alive:
+            return
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
         return True
+    return True
 
 
 @dataclass(frozen=True)
