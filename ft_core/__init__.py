@@ -17,7 +17,6 @@ from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, TimeoutsCalc
 from ft_core.workload_control import WorkloadAction, WorkloadControlRequest
 
 
-
 def __getattr__(name: str):
     # Imported lazily so that `python -m ft_core.monitor` does not find the module already
     # imported by its own package.

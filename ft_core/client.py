@@ -85,7 +85,7 @@ class RankMonitorClient:
         self._slot: ProgressSlot | None = None
         self._mm: Any = None
         self._calc: TimeoutsCalc | None = None
-        self._section_index: dict[str, int] = {}
+        self._section_offsets: dict[str, int] = {}  # byte offset in the slot, set while initialised
         self._open_sections: dict[str, float] = {}
         self._heartbeats = 0
         self._loaded_state: dict[str, Any] | None = None
@@ -153,7 +153,7 @@ class RankMonitorClient:
         sock.settimeout(None)
         self._sock = sock
         self._slot = slot
-        self._section_index = {name: i for i, name in enumerate(sections)}
+        self._section_offsets = {name: section_offset(i) for i, name in enumerate(sections)}
         self._open_sections = {}
         self._heartbeats = 0
         self._monitor_lost = False
@@ -185,6 +185,7 @@ class RankMonitorClient:
     def _release(self) -> None:
         _live_clients.discard(self)
         self._mm = None
+        self._section_offsets = {}
         if self._slot is not None:
             with contextlib.suppress(BufferError, ValueError):
                 self._slot.close()
@@ -197,6 +198,7 @@ class RankMonitorClient:
     def _forget_after_fork(self) -> None:
         # In a forked child: close our copy of the socket, stop writing to the parent's slot.
         self._mm = None
+        self._section_offsets = {}
         self._slot = None
         if self._sock is not None:
             with contextlib.suppress(OSError):
@@ -242,25 +244,22 @@ class RankMonitorClient:
         Raises:
             RankMonitorClientError: Not initialised, unknown section, or already open.
         """
-        mm = self._mm
-        if mm is None:
-            raise self._not_initialized("start_section")
-        index = self._section_index.get(section)
-        if index is None:
-            raise self._unknown_section(section)
+        offset = self._section_offsets.get(section)  # empty unless initialised
+        if offset is None:
+            raise self._section_error("start_section", section)
         open_sections = self._open_sections
         if section in open_sections:
             raise RankMonitorClientError(
                 f"section {section!r} is already open; call end_section({section!r}) first"
             )
         now = _monotonic()
-        first_open = not open_sections
+        mm = self._mm
         open_sections[section] = now
-        self._calc.on_section_start(now, first_open)
         # Order matters for a concurrent reader: publish the open section before clearing
         # the out-of-section clock (see progress_slot).
-        _pack_f64(mm, section_offset(index), now)
-        if first_open:
+        _pack_f64(mm, offset, now)
+        if len(open_sections) == 1:
+            self._calc.on_section_start(now, True)
             _pack_f64(mm, OFF_OUT_OF_SECTION_SINCE, 0.0)
         _pack_f64(mm, OFF_LAST_SECTION_ACTIVITY, now)
         if now >= self._next_liveness_check:
@@ -272,23 +271,26 @@ class RankMonitorClient:
         Raises:
             RankMonitorClientError: Not initialised, unknown section, or not open.
         """
-        mm = self._mm
-        if mm is None:
-            raise self._not_initialized("end_section")
         started = self._open_sections.pop(section, None)
         if started is None:
-            if section not in self._section_index:
-                raise self._unknown_section(section)
-            raise RankMonitorClientError(
-                f"end_section({section!r}) without a matching start_section({section!r})"
-            )
+            raise self._section_error("end_section", section)
         now = _monotonic()
+        mm = self._mm
         last_closed = not self._open_sections
         self._calc.on_section_end(section, now - started, now, last_closed)
         if last_closed:
             _pack_f64(mm, OFF_OUT_OF_SECTION_SINCE, now)
-        _pack_f64(mm, section_offset(self._section_index[section]), 0.0)
+        _pack_f64(mm, self._section_offsets[section], 0.0)
         _pack_f64(mm, OFF_LAST_SECTION_ACTIVITY, now)
+
+    def _section_error(self, call: str, section: str) -> RankMonitorClientError:
+        if self._mm is None:
+            return self._not_initialized(call)
+        if section not in self._section_offsets:
+            return self._unknown_section(section)
+        return RankMonitorClientError(
+            f"end_section({section!r}) without a matching start_section({section!r})"
+        )
 
     def end_all_sections(self) -> None:
         """Close every open section (e.g. before a checkpoint that is out of any section)."""
@@ -307,7 +309,7 @@ class RankMonitorClient:
         )
 
     def _unknown_section(self, section: str) -> RankMonitorClientError:
-        known = ", ".join(sorted(self._section_index)) or "none"
+        known = ", ".join(sorted(self._section_offsets)) or "none"
         return RankMonitorClientError(
             f"section {section!r} is not configured (configured sections: {known}); add it to "
             "rank_section_timeouts, e.g. --ft-param-rank_section_timeouts="
@@ -432,9 +434,9 @@ class RankMonitorClient:
                 skipping.
         """
         calc = self._require_calc("calculate_and_set_section_timeouts")
-        selected = sorted(self._section_index) if selected_sections is None else list(selected_sections)
+        selected = sorted(self._section_offsets) if selected_sections is None else list(selected_sections)
         for name in selected:
-            if name not in self._section_index:
+            if name not in self._section_offsets:
                 raise self._unknown_section(name)
         calc.synchronize_all()
         missing = calc.missing_sections(selected, calc_out_of_section)
@@ -483,7 +485,7 @@ class RankMonitorClient:
         })
 
     def _send_section_timeouts(self) -> None:
-        known = {k: v for k, v in self.section_timeouts.section.items() if k in self._section_index}
+        known = {k: v for k, v in self.section_timeouts.section.items() if k in self._section_offsets}
         self._request({
             "type": protocol.MSG_SET_SECTION_TIMEOUTS,
             "section": known,
@@ -531,7 +533,7 @@ class RankMonitorClient:
         if hb.were_calculated:
             self.hb_timeouts = hb
             self._send_hb_timeouts()
-        calculated = [s for s in sections.calculated_sections if s in self._section_index]
+        calculated = [s for s in sections.calculated_sections if s in self._section_offsets]
         if calculated or sections.is_out_of_section_calculated:
             current = self.section_timeouts
             merged = dict(current.section)
