@@ -37,8 +37,10 @@ test-slurm: $(STAMP)
 	if [ $$status -ne 0 ]; then tail -n 40 '$(SLURM_DIR)'/log/*.log; fi; \
 	exit $$status
 
+# A 2-rank Lightning run on CPU under scripts/autoresume.sh and ft_launcher: a simulated hang is
+# detected, the workers restart and resume from their checkpoint; ends with a summary.
 demo: $(STAMP)
-	$(PY) examples/ft_core_demo.py
+	$(PY) examples/demo/run_demo.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check ft_core launcher ptl_resiliency tests bench examples
