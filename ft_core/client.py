@@ -41,7 +41,13 @@ from ft_core.progress_slot import (
     ProgressSlot,
     section_offset,
 )
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, TimeoutsCalc, blend
+from ft_core.timeouts import (
+    MIN_CALCULATED_INITIAL_TIMEOUT,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    TimeoutsCalc,
+    blend,
+)
 from ft_core.workload_control import WorkloadControlRequest
 
 logger = logging.getLogger(__name__)
@@ -397,7 +403,7 @@ class RankMonitorClient:
         initial, subsequent = calc.heartbeat_timeouts()
         previous = self.hb_timeouts
         new = HeartbeatTimeouts(
-            initial=blend(previous.initial, initial, previous.were_calculated),
+            initial=blend(previous.initial, initial, previous.were_calculated, MIN_CALCULATED_INITIAL_TIMEOUT),
             subsequent=blend(previous.subsequent, subsequent, previous.were_calculated),
             were_calculated=True,
         )

@@ -23,9 +23,12 @@ from ft_core.errors import TimeoutsCalcError
 EMA_WEIGHT_OF_NEW = 0.5
 
 MIN_CALCULATED_TIMEOUT = 1.0
-"""Calculated timeouts never go below this many seconds. Intervals of a few milliseconds (a
-heartbeat right after init, tiny steps) would otherwise give timeouts that a GC pause or a busy
-host exceeds."""
+"""Calculated timeouts never go below this many seconds. Intervals of a few milliseconds (tiny
+steps) would otherwise give timeouts that a GC pause or a busy host exceeds."""
+
+MIN_CALCULATED_INITIAL_TIMEOUT = 10.0
+"""The calculated initial heartbeat timeout never goes below this: it covers start-up (imports,
+checkpoint loading, process group setup), which varies far more between runs than a step."""
 
 _UNOBSERVED = -1.0
 
@@ -132,12 +135,14 @@ class SectionTimeouts:
         )
 
 
-def blend(previous: Optional[float], new: float, previous_was_calculated: bool) -> float:
-    """Merge a newly calculated timeout with the one calculated before (EMA), at least
-    :data:`MIN_CALCULATED_TIMEOUT`."""
+def blend(
+    previous: Optional[float], new: float, previous_was_calculated: bool,
+    floor: float = MIN_CALCULATED_TIMEOUT,
+) -> float:
+    """Merge a newly calculated timeout with the one calculated before (EMA), at least ``floor``."""
     if previous is not None and previous_was_calculated:
         new = EMA_WEIGHT_OF_NEW * new + (1.0 - EMA_WEIGHT_OF_NEW) * previous
-    return max(new, MIN_CALCULATED_TIMEOUT)
+    return max(new, floor)
 
 
 class TimeoutsCalc:

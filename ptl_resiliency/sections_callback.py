@@ -43,8 +43,8 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
 
     Timeouts: with ``calculate_timeouts=True`` they are calculated from the longest durations
     seen on any rank, times the config's ``safety_factor``: after every checkpoint save once at
-    least 16 training iterations ran (``step``, ``checkpointing``, out-of-section), and at the
-    end of the run; ``setup`` only in a run that loaded a checkpoint. Rank 0 writes them to
+    least 16 training iterations ran (``step``, ``checkpointing``), and at the end of the run;
+    ``setup`` and out-of-section only in a run that loaded a checkpoint. Rank 0 writes them to
     ``<exp_dir>/_ft_state.json`` and the next run starts with them.
 
     Failures: ``exc_handling_policy(exception)`` may return a
@@ -242,9 +242,10 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
         )
 
     def _update_timeouts(self, trainer: pl.Trainer, client: RankMonitorClient, final: bool) -> bool:
-        enough_iters, saved, setup_known = all_ranks_agree([  # collective
+        enough_iters, saved, loaded, setup_known = all_ranks_agree([  # collective
             self._train_iters >= MIN_ITERS_FOR_STEP_TIMEOUT,
             self._ckpt_saves > 0,
+            self._ckpt_loaded,
             self._ckpt_loaded and self._setup_ended_by_batch,
         ])
         if not final and not enough_iters:
@@ -267,8 +268,11 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
                 self._train_iters, MIN_ITERS_FOR_STEP_TIMEOUT, saved, self._ckpt_loaded,
             )
             return False
+        # Out-of-section time, like setup, only from a run that resumed from a checkpoint: only
+        # then does it include what a restarted run spends outside sections (as in seed 004).
         updated = client.calculate_and_set_section_timeouts(  # collective
-            selected_sections=selected, calc_out_of_section=enough_iters, skip_if_not_ready=True,
+            selected_sections=selected, calc_out_of_section=enough_iters and loaded,
+            skip_if_not_ready=True,
         )
         if not updated:
             self._log.info("[rank %s] section timeouts not updated: %s not observed on every rank",

@@ -395,7 +395,8 @@ def test_monitor_never_imports_torch(monitored, tmp_path, monkeypatch):
 
 
 def test_importing_ft_core_does_not_import_torch():
-    code = "import sys, ft_core, ft_core.client, ft_core.monitor; print('torch' in sys.modules)"
+    code = ("import sys, ft_core, ft_core.client, ft_core.monitor, ft_core.integration, "
+            "ft_core.simulated_fault; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"
 
