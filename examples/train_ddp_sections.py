@@ -34,160 +34,56 @@ the ranks use gloo; with GPUs, nccl (one rank per GPU).
 
 from __future__ import annotations
 
-import argparse
-import io
-import json
 import logging
-import os
-import time
-from pathlib import Path
 from typing import Optional
 
-import torch
+import _common.ddp as common  # the training around the fault tolerance calls: process group, model, files
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from ft_core import RankMonitorClient, RankMonitorClientError
-from ft_core.atomic import atomic_write_bytes, atomic_write_text
-from ft_core.simulated_fault import SimulatedFault, SimulatedFaultParams, setup_simulated_fault
+from ft_core.simulated_fault import SimulatedFault, setup_simulated_fault
 
 log = logging.getLogger("train_ddp_sections")
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", type=Path, required=True,
-                        help="directory for the checkpoint and the timeouts file")
-    parser.add_argument("--max-steps", type=int, default=40, help="training is complete after this many steps")
-    parser.add_argument("--checkpoint-every", type=int, default=10, help="save a checkpoint every N steps")
-    parser.add_argument("--calc-timeouts-after", type=int, default=10,
-                        help="calculate timeouts at checkpoints once this run did N steps")
-    parser.add_argument("--step-time", type=float, default=0.1,
-                        help="seconds each step sleeps, standing in for a real model's compute")
-    parser.add_argument("--data-time", type=float, default=0.02,
-                        help="seconds loading a batch takes, standing in for a real data loader")
-    parser.add_argument("--save-time", type=float, default=0.1,
-                        help="seconds a checkpoint save takes on every rank, standing in for real I/O")
-    parser.add_argument("--simulate-fault", choices=["rank_hung", "rank_killed"],
-                        help="in the first cycle, freeze or kill one rank after the first timeouts calculation")
-    parser.add_argument("--fault-rank", type=int, help="rank to fail (default: the last one)")
-    parser.add_argument("--fault-delay", type=float, default=1.0,
-                        help="seconds from arming the fault to the fault")
-    args = parser.parse_args()
-    for name in ("max_steps", "checkpoint_every", "calc_timeouts_after"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    for name in ("step_time", "data_time", "save_time", "fault_delay"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
-    return args
-
-
-def init_distributed() -> torch.device:
-    """Join the process group ft_launcher set up: nccl with one GPU per rank, else gloo."""
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl")
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo")
-    return device
-
-
-def make_batch(step: int, rank: int, device: torch.device, data_time: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """A reproducible synthetic batch: the target is a fixed function of the input."""
-    time.sleep(data_time)
-    generator = torch.Generator().manual_seed(step * 1000 + rank)
-    x = torch.randn(32, 16, generator=generator)
-    y = x.sum(dim=1, keepdim=True).tanh()
-    return x.to(device), y.to(device)
-
-
-def save_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-                    save_time: float) -> None:
-    """Rank 0 writes the checkpoint atomically; every rank waits until it is complete."""
-    time.sleep(save_time)
-    if dist.get_rank() == 0:
-        buffer = io.BytesIO()
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, buffer)
-        atomic_write_bytes(path, buffer.getvalue())
-    dist.barrier()
-
-
-def load_checkpoint(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> int:
-    """Restore the last checkpoint if there is one; return the step to continue from."""
-    if not path.exists():
-        return 0
-    checkpoint = torch.load(path, map_location=device, weights_only=True)
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
-    return int(checkpoint["step"])
-
-
-def load_timeouts(client: RankMonitorClient, path: Path) -> None:
-    """Step 2: restore timeouts calculated by an earlier run; a bad file only costs a warning."""
-    if not path.exists():
-        log.info("no timeouts file %s yet: the config's timeouts apply", path)
-        return
-    try:
-        client.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, RankMonitorClientError) as err:
-        log.warning("ignoring timeouts file %s: %s", path, err)
-        return
-    log.info("loaded section timeouts from %s: %s", path, client.section_timeouts.to_dict())
-
-
-def create_finished_flag(step: int) -> None:
-    """Tell an auto-resume loop that training is complete (rank 0, atomically)."""
-    path = os.environ.get("FAULT_TOL_FINISHED_FLAG_FILE")
-    if not path or dist.get_rank() != 0:
-        return
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write_text(path, json.dumps({"completed": True, "global_step": step}) + "\n")
-    log.info("training complete; created %s", path)
-
-
 def main() -> None:
-    args = parse_args()
-    logging.basicConfig(level=logging.INFO,
-                        format=f"%(asctime)s [rank {os.environ.get('RANK', '?')}] %(name)s: %(message)s")
-    device = init_distributed()
+    args = common.parse_training_args(
+        __doc__, max_steps=40, calc_timeouts_after=True,
+        simulate_help="in the first cycle, freeze or kill one rank after the first timeouts calculation")
+    common.setup_logging()
+    device = common.init_distributed()  # before the client: calculating timeouts (4.) is a collective
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    first_cycle = os.environ.get("FT_LAUNCHER_CYCLE", "0") == "0"
-    args.run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint_path = args.run_dir / "checkpoint.pt"
     timeouts_path = args.run_dir / "ft_state.json"
+    # Only in the first cycle: a restart must not fail again.
+    fault_params = common.simulated_fault_params(args, world_size, armed=common.is_first_cycle())
 
     client = RankMonitorClient()
     client.init_workload_monitoring()                                   # 1.
-    load_timeouts(client, timeouts_path)                                # 2.
-    client.start_section("setup")                                       # 3.
+    saved_state = common.read_timeouts_file(timeouts_path, log)         # None: no file (yet)
+    if saved_state is not None:
+        try:
+            client.load_state_dict(saved_state)                         # 2.
+            log.info("loaded section timeouts from %s: %s", timeouts_path, client.section_timeouts.to_dict())
+        except RankMonitorClientError as err:                           # a bad file costs a warning
+            log.warning("ignoring timeouts file %s: %s", timeouts_path, err)
 
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    start_step = load_checkpoint(checkpoint_path, model, optimizer, device)
+    client.start_section("setup")                                       # 3.
+    training = common.ToyTraining(args, device, args.run_dir / "checkpoint.pt")  # restores it if any
+    start_step = training.start_step
     resumed = start_step > 0
     log.info("%s", f"resuming from step {start_step}" if resumed else "starting from step 0")
-    ddp_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     client.end_section("setup")
 
     fault: Optional[SimulatedFault] = None
     step = start_step
-    for step in range(start_step + 1, args.max_steps + 1):
-        x, y = make_batch(step, rank, device, args.data_time)          # data loading: out of section
+    for step in training.steps():
+        batch = training.next_batch(step)                               # data loading: out of section
         client.start_section("step")
-        loss = nn.functional.mse_loss(ddp_model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        time.sleep(args.step_time)
+        loss = training.train_step(batch)
         client.end_section("step")
-        if step % args.checkpoint_every == 0 or step == args.max_steps:
+        if training.is_checkpoint_step(step):
             client.start_section("checkpointing")
-            save_checkpoint(checkpoint_path, model, optimizer, step, args.save_time)
+            training.save_checkpoint(step)
             client.end_section("checkpointing")
             if step - start_step >= args.calc_timeouts_after:
                 # setup and the out-of-section time are representative only in a run that loaded a
@@ -196,20 +92,18 @@ def main() -> None:
                 if client.calculate_and_set_section_timeouts(                        # 4.
                         selected_sections=selected, calc_out_of_section=resumed, skip_if_not_ready=True):
                     if rank == 0:                                       # 5.
-                        atomic_write_text(timeouts_path, json.dumps(client.state_dict(), indent=2) + "\n")
+                        common.write_timeouts_file(timeouts_path, client.state_dict())
                         log.info("step %d: saved section timeouts %s to %s", step,
                                  client.section_timeouts.to_dict(), timeouts_path)
-                    if fault is None and args.simulate_fault and first_cycle:
-                        # All ranks get here together; only in the first cycle, or every restart fails again.
-                        target = world_size - 1 if args.fault_rank is None else args.fault_rank
-                        fault = setup_simulated_fault(
-                            SimulatedFaultParams(args.simulate_fault, args.fault_delay, rank_to_fail=target))
+                    if fault is None and fault_params is not None:
+                        # All ranks get here together, so all take part in the plan's broadcast.
+                        fault = setup_simulated_fault(fault_params)
             if rank == 0:
                 log.info("step %d: loss %.4f, checkpoint saved", step, loss.item())
 
     if fault is not None:
         fault.cancel()
-    create_finished_flag(step)
+    common.create_finished_flag(step, log)
     client.shutdown_workload_monitoring()                               # 6.
     dist.destroy_process_group()
 

@@ -18,9 +18,10 @@ What makes it resumable:
 - ``FaultToleranceCallback(autoresume=True)`` sends heartbeats to the rank monitors (hang
   detection) and creates ``$FAULT_TOL_FINISHED_FLAG_FILE`` once ``max_steps`` is reached; that
   file ends the loop.
-- The cluster environment is given explicitly as torchelastic's: inside an srun task Lightning
-  would otherwise pick its SLURM environment, take one srun task for one rank, and install its
-  own SIGUSR1 handler that requeues the job by itself.
+- The cluster environment is given explicitly as torchelastic's (``make_trainer`` in
+  ``examples/_common/ptl.py``): inside an srun task Lightning would otherwise pick its SLURM
+  environment, take one srun task for one rank, and install its own SIGUSR1 handler that
+  requeues the job by itself.
 
 On CPU the ranks use gloo; with GPUs, nccl (one process per GPU: ``--nproc-per-node`` = GPUs).
 """
@@ -31,16 +32,18 @@ import argparse
 import logging
 import os
 import signal
-import time
+import sys
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.demos.boring_classes import BoringModel
-from lightning.pytorch.plugins.environments import TorchElasticEnvironment
 
 from ptl_resiliency import FaultToleranceCallback
+
+# The helpers shared by the examples are in examples/_common; Python puts only this script's
+# directory (examples/slurm) on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import _common.ptl as common  # noqa: E402  (the Trainer and model of the Lightning examples)
 
 log = logging.getLogger("train_lightning")
 WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -82,19 +85,6 @@ class StopOnWarningSignal(Callback):
         self._previous.clear()
 
 
-class SlowBoringModel(BoringModel):
-    """Lightning's BoringModel; ``step_delay`` seconds per step stand in for a real model."""
-
-    def __init__(self, step_delay: float) -> None:
-        super().__init__()
-        self.step_delay = step_delay
-
-    def training_step(self, batch: Any, batch_idx: int) -> Any:
-        if self.step_delay > 0:
-            time.sleep(self.step_delay)
-        return super().training_step(batch, batch_idx)
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=Path, required=True,
@@ -103,13 +93,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=100, help="save last.ckpt every N steps")
     parser.add_argument("--step-delay", type=float, default=0.0,
                         help="seconds to sleep in each step, to make the demo last")
-    args = parser.parse_args()
-    for name in ("max_steps", "checkpoint_every"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.step_delay < 0:
-        parser.error(f"--step-delay must not be negative, got {args.step_delay}")
-    return args
+    return common.check_args(parser, parser.parse_args(), at_least_one=("max_steps", "checkpoint_every"),
+                             non_negative=("step_delay",))
 
 
 def main() -> None:
@@ -117,26 +102,11 @@ def main() -> None:
     rank = os.environ.get("RANK", "0")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    checkpoints = args.run_dir / "checkpoints"
-    last = checkpoints / "last.ckpt"
-    devices = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    num_nodes = max(1, int(os.environ.get("WORLD_SIZE", "1")) // devices)
-    trainer = Trainer(
-        accelerator="auto",
-        devices=devices,
-        num_nodes=num_nodes,
-        strategy="ddp",
-        plugins=[TorchElasticEnvironment()],
-        max_steps=args.max_steps,
-        max_epochs=-1,
-        default_root_dir=str(args.run_dir),
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
+    last = common.last_checkpoint(args.run_dir)
+    trainer = common.make_trainer(
+        args.run_dir, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
+        limit_val_batches=0,  # no validation
         callbacks=[
-            ModelCheckpoint(dirpath=str(checkpoints), save_last=True,
-                            every_n_train_steps=args.checkpoint_every, save_top_k=0),
             StopOnWarningSignal(last),
             FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=str(args.run_dir)),
         ],
@@ -144,7 +114,7 @@ def main() -> None:
     resume_from = str(last) if last.exists() else None
     log.info("rank %s, attempt %s: %s", rank, os.environ.get("AUTORESUME_ATTEMPT", "?"),
              f"resuming from {resume_from}" if resume_from else "starting from scratch")
-    trainer.fit(SlowBoringModel(args.step_delay), ckpt_path=resume_from)
+    trainer.fit(common.SlowBoringModel(args.step_delay), ckpt_path=resume_from)
     log.info("rank %s: fit returned at step %d of %d", rank, trainer.global_step, args.max_steps)
 
 
