@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import socket
 import struct
 import threading
@@ -600,7 +601,7 @@ class RankMonitorClient:
 def _rank_info_from_env() -> dict[str, Any]:
     info: dict[str, Any] = {"hostname": socket.gethostname()}
     for key, env_name in (("rank", "RANK"), ("local_rank", "LOCAL_RANK"), ("world_size", "WORLD_SIZE")):
-        value = os.environ.get(env_name)
-        if value is not None and value.strip().lstrip("-").isdigit():
+        value = os.environ.get(env_name, "").strip()
+        if re.fullmatch(r"-?[0-9]{1,9}", value):  # str.isdigit would also accept e.g. "²"
             info[key] = int(value)
     return info

@@ -137,7 +137,8 @@ class FaultToleranceConfig:
         """Read the ``fault_tolerance:`` section of a YAML file.
 
         The section may be at the top level or nested at any depth (e.g. inside a model
-        config); the first one found breadth-first is used.
+        config); the first one found breadth-first is used. An empty section (every field
+        commented out) means the defaults.
 
         Args:
             cfg_path: Path of the YAML file.
@@ -172,12 +173,18 @@ class FaultToleranceConfig:
             raise ConfigError(
                 f"cannot read fault tolerance config file {str(cfg_path)!r}: {err.strerror}"
             ) from None
-        except yaml.YAMLError as err:
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"fault tolerance config file {str(cfg_path)!r} is not UTF-8 text: {err}"
+            ) from None
+        except (yaml.YAMLError, RecursionError) as err:
             raise ConfigError(
                 f"fault tolerance config file {str(cfg_path)!r} is not valid YAML: {err}"
             ) from None
-        section = _find_section(data, "fault_tolerance")
-        if section is None:
+        found, section = _find_section(data, "fault_tolerance")
+        if found and section is None:
+            return {}  # "fault_tolerance:" with every field commented out: the defaults
+        if not found:
             raise ConfigError(
                 f"no 'fault_tolerance' section in {str(cfg_path)!r}; add one, e.g.\n"
                 "fault_tolerance:\n  initial_rank_heartbeat_timeout: 600\n"
@@ -206,7 +213,9 @@ class FaultToleranceConfig:
             if f.name == "rank_termination_signal":
                 value = signal.Signals(value).name
             elif f.name == "log_level":
-                value = logging.getLevelName(value)
+                # A level without a name (e.g. 15) stays a number: "Level 15" would not parse back.
+                name = logging.getLevelName(value)
+                value = name if isinstance(logging.getLevelName(name), int) else value
             elif f.name == "rank_section_timeouts":
                 value = dict(value)
             out[f.name] = value
@@ -300,11 +309,17 @@ def _parse_positive_float(field_name: str, value: Any) -> float:
         raise ConfigError(f"{field_name} must be a number of seconds, got {value!r}")
     try:
         number = float(value.strip() if isinstance(value, str) else value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{field_name} must be a positive number, got {value!r}") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float range
+        raise ConfigError(f"{field_name} must be a positive number, got {_short(value)}") from None
     if not math.isfinite(number) or number <= 0:
-        raise ConfigError(f"{field_name} must be a positive number, got {value!r}")
+        raise ConfigError(f"{field_name} must be a positive number, got {_short(value)}")
     return number
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, shortened so that a huge value cannot flood an error message."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**limit else f"<{value.bit_length()}-bit int>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _parse_section_timeouts(value: Any) -> dict[str, Optional[float]]:
@@ -356,17 +371,17 @@ def parse_signal(field_name: str, value: Any) -> signal.Signals:
         try:
             return signal.Signals(value)
         except ValueError:
-            raise ConfigError(f"{field_name}: unknown signal number {value!r}") from None
+            raise ConfigError(f"{field_name}: unknown signal number {_short(value)}") from None
     if isinstance(value, str):
         text = value.strip().upper()
-        if text.isdigit():
+        if text.isascii() and text.isdigit() and len(text) <= 3:
             return parse_signal(field_name, int(text))
         name = text if text.startswith("SIG") else "SIG" + text
         try:
             return signal.Signals[name]
         except KeyError:
             raise ConfigError(
-                f"{field_name}: unknown signal {value!r}; use a name such as SIGKILL or "
+                f"{field_name}: unknown signal {_short(value)}; use a name such as SIGKILL or "
                 "SIGTERM, or a number"
             ) from None
     raise ConfigError(f"{field_name}: not a signal: {value!r}")
@@ -381,11 +396,15 @@ def parse_log_level(field_name: str, value: Any) -> int:
     if isinstance(value, bool):
         raise ConfigError(f"{field_name}: not a log level: {value!r}")
     if isinstance(value, int):
+        if not logging.NOTSET <= value <= logging.CRITICAL:
+            raise ConfigError(
+                f"{field_name}: log level {_short(value)} is outside {logging.NOTSET}..{logging.CRITICAL}"
+            )
         return value
     if isinstance(value, str):
         text = value.strip().upper()
-        if text.isdigit():
-            return int(text)
+        if text.isascii() and text.isdigit() and len(text) <= 3:
+            return parse_log_level(field_name, int(text))
         level = logging.getLevelName(text)
         if isinstance(level, int):
             return level
@@ -396,15 +415,19 @@ def parse_log_level(field_name: str, value: Any) -> int:
     raise ConfigError(f"{field_name}: not a log level: {value!r}")
 
 
-def _find_section(data: Any, key: str) -> Any:
-    """Breadth-first search for ``key`` in nested mappings and lists."""
+def _find_section(data: Any, key: str) -> tuple[bool, Any]:
+    """Breadth-first search for ``key`` in nested mappings and lists: ``(found, value)``."""
     queue = [data]
+    seen: set[int] = set()  # YAML aliases can make the document a graph with cycles
     while queue:
         node = queue.pop(0)
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, Mapping):
             if key in node:
-                return node[key]
+                return True, node[key]
             queue.extend(node.values())
         elif isinstance(node, list):
             queue.extend(node)
-    return None
+    return False, None

@@ -766,9 +766,13 @@ def _timeout_value(mapping: dict[str, Any], key: str) -> Optional[float]:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ValueError(f"timeout {key!r} must be a positive number of seconds or null, got {value!r}")
-    if value != value or value == float("inf"):
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float range: JSON puts no limit on integers
+        raise ValueError(f"timeout {key!r} must be finite, got a {value.bit_length()}-bit integer") from None
+    if seconds != seconds or seconds == float("inf"):
         raise ValueError(f"timeout {key!r} must be finite, got {value!r}")
-    return float(value)
+    return seconds
 
 
 def _fmt(value: Optional[float]) -> str:

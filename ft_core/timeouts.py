@@ -287,9 +287,13 @@ def _optional_timeout(name: str, value: Any) -> Optional[float]:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a number of seconds or null, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int beyond float range (JSON has no limit on integers)
+        raise ValueError(f"{name} must be a finite number of seconds, got a {value.bit_length()}-bit integer") from None
+    if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(f"{name} must be positive, got {value!r}")
-    return float(value)
+    return seconds
 
 
 def _bool(name: str, value: Any) -> bool:

@@ -4,6 +4,11 @@ A background thread accepts connections on a Unix socket in the launcher's priva
 directory. A request is accepted only from a process of the same uid that is one of the current
 workers or a descendant of one (checked with ``SO_PEERCRED`` and ``/proc``); anything else gets
 an error reply. Accepted requests are queued for the agent's monitoring loop, which acts on them.
+
+With warm restarts, torch knows each worker as its trampoline, while the real worker is forked by
+this launcher's warm template (``launcher/zygote.py``), so it descends from the template, not from
+the trampoline. The template forks only at the request of this launcher's own children, so a
+process it forked (or a descendant of one) is a worker of this launcher too.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 REQUEST_READ_TIMEOUT = 5.0
 _MAX_ANCESTRY_DEPTH = 16
+_WARM_TEMPLATE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 
 
 @dataclass(frozen=True)
@@ -127,7 +133,7 @@ class ControlServer:
             message = protocol.recv_message(conn, REQUEST_READ_TIMEOUT)
             with self._lock:
                 roots = self._allowed_roots
-            if not _descends_from(pid, roots):
+            if not _descends_from(pid, roots, os.getpid()):
                 logger.warning("control request refused: pid %s is not one of this launcher's workers", pid)
                 self._reply(conn, {"type": protocol.MSG_ERROR, "error": "not a worker of this launcher"})
                 return
@@ -150,8 +156,9 @@ class ControlServer:
             protocol.send_message(conn, message)
 
 
-def _descends_from(pid: int, roots: frozenset[int]) -> bool:
-    """True if ``pid`` is in ``roots`` or a descendant of one (following parent pids)."""
+def _descends_from(pid: int, roots: frozenset[int], launcher_pid: int) -> bool:
+    """True if ``pid`` is in ``roots`` or a descendant of one (following parent pids), or a
+    descendant of this launcher's warm template (a warm-started worker, see the module doc)."""
     current = pid
     for _ in range(_MAX_ANCESTRY_DEPTH):
         if current in roots:
@@ -159,8 +166,22 @@ def _descends_from(pid: int, roots: frozenset[int]) -> bool:
         parent = parent_pid(current)
         if parent is None or parent <= 1:
             return False
+        if parent == launcher_pid:
+            # ``current`` is a child of the launcher: a worker (checked above), a monitor, or
+            # the warm template, whose descendants are the warm-started workers.
+            return current != pid and _is_warm_template(current)
         current = parent
     return False
+
+
+def _is_warm_template(pid: int) -> bool:
+    """True if ``pid`` runs this package's ``zygote.py`` (the launcher's warm template)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as stream:
+            argv = stream.read().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and os.fsdecode(argv[1]) == _WARM_TEMPLATE_SCRIPT
 
 
 def parent_pid(pid: int) -> int | None:

@@ -103,6 +103,14 @@ def main(python_args: list) -> None:
     if status < 0:
         for sig in FORWARDED:
             signal.signal(sig, signal.SIG_DFL)
+        # Die of the worker's signal, but without a core dump of our own: the worker wrote its
+        # core already (where enabled), and ours would overwrite it (same name, same directory).
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        except (ImportError, OSError, ValueError):
+            pass
         os.kill(os.getpid(), -status)
         signal.pause()
     os._exit(status)

@@ -161,12 +161,16 @@ class Zygote:
             return
         except OSError:
             data, fds = b"", []
+        if pending.worker is not None:
+            for fd in fds:  # nothing more is expected from a trampoline once its worker runs
+                os.close(fd)
+            if not data:
+                self._drop(pending)
+            return
         pending.fds.extend(fds)
         if not data:
             self._drop(pending)
             return
-        if pending.worker is not None:
-            return  # nothing more is expected from a trampoline once its worker runs
         pending.buffer += data
         if len(pending.buffer) < _HEADER.size:
             return
@@ -181,7 +185,7 @@ class Zygote:
             argv, env, cwd = request["argv"], request["env"], request["cwd"]
             if not (isinstance(argv, list) and isinstance(env, dict) and isinstance(cwd, str)):
                 raise ValueError("bad request")
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: deeply nested JSON
             self._drop(pending)
             return
         if len(pending.fds) != 3:
@@ -260,12 +264,12 @@ class Zygote:
         for sock in [self.listener, self.wake_r, self.wake_w] + [p.sock for p in self.connections.values()]:
             sock.close()
         self.selector.close()
+        os.chdir(cwd)  # before a cold start too: the worker runs where its trampoline was started
         unbuffered, target, is_module = _parse_python_args(argv)
         if target is None or env.get("PYTHONPATH", "") != self.startup_pythonpath:
             os.execve(sys.executable, [sys.executable, *argv], env)  # cannot emulate: cold start
         os.environ.clear()
         os.environ.update(env)
-        os.chdir(cwd)
         _reopen_stdio(unbuffered)
         random.seed()
         if "numpy" in sys.modules:

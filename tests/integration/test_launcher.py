@@ -1,4 +1,8 @@
-"""Real ft_launcher runs on one node: restarts, causes, control requests, signals, clean-up."""
+"""Real ft_launcher runs on one node: a full restart, configuration, control requests, SIGUSR1.
+
+Every kind of hang, crash and stop (signals, a dead monitor, exhausted restarts, leftovers) is in
+the fault matrix, tests/faults/test_fault_matrix.py.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,6 @@ import os
 import signal
 import time
 from pathlib import Path
-
-import pytest
 
 from tests.launcher_util import WORKER, events_of, read_events, records, run_launcher, start_launcher
 
@@ -65,50 +67,6 @@ def test_hang_is_detected_and_the_group_restarts_to_success(tmp_path):
     assert recs[(1, 1)]["cfg"]["rank_heartbeat_timeout"] == 1.0
     # each cycle's worker sees the same monitor (started once, reused)
     assert len(events_of(events, "monitors_started")) == 1
-
-
-def test_hang_inside_a_section_is_reported_by_name(tmp_path):
-    result = run_launcher(
-        base_args(tmp_path, "--max-restarts", "0", "--ft-rank-section-timeouts", "setup:30,step:0.5",
-                  "--ft-param-rank_heartbeat_timeout", "null", "--ft-param-initial_rank_heartbeat_timeout", "null")
-        + worker_args(tmp_path, "--hang-rank", "0", "--hang-cycle", "0", "--hang-in-section", "step"),
-    )
-    assert result.returncode == 1
-    root = events_of(read_events(tmp_path / "events.jsonl"), "failure")[0]
-    assert root["hang_kind"] == "section" and root["section"] == "step"
-    assert "section 'step' open" in root["cause"] and root["timeout"] == 0.5
-    assert root["decision"].startswith("no restarts left")
-
-
-@pytest.mark.parametrize(
-    ("extra", "cause", "kind"),
-    [(["--exit-code", "3"], "exit code 3", "exit"), (["--signal-self", "SIGSEGV"], "signal SIGSEGV", "signal")],
-)
-def test_crash_restarts_with_the_cause(tmp_path, extra, cause, kind):
-    result = run_launcher(
-        base_args(tmp_path, "--max-restarts", "1")
-        + worker_args(tmp_path, "--crash-rank", "0", "--crash-cycle", "0", *extra),
-    )
-    assert result.returncode == 0, result.stderr
-    failures = events_of(read_events(tmp_path / "events.jsonl"), "failure")
-    assert failures[0]["cause"] == cause and failures[0]["cause_kind"] == kind and failures[0]["rank"] == 0
-    # the other rank was stopped because of it, and is recorded as such (not as a cause)
-    assert all(f["cause_kind"] == "terminated" for f in failures[1:])
-
-
-def test_restarts_exhausted_exits_1_with_the_cause(tmp_path):
-    result = run_launcher(
-        base_args(tmp_path, "--max-restarts", "2")
-        + worker_args(tmp_path, "--crash-rank", "1", "--crash-cycle", "-100", "--exit-code", "7"),
-    )
-    assert result.returncode == 1
-    events = read_events(tmp_path / "events.jsonl")
-    roots = [f for f in events_of(events, "failure") if f["cause_kind"] != "terminated"]
-    assert [f["cycle"] for f in roots] == [0, 1, 2]
-    assert all(f["cause"] == "exit code 7" for f in roots)
-    assert roots[-1]["decision"] == "no restarts left (--max-restarts=2); stopping"
-    assert "summary: 3 cycle(s); 3 failure(s)" in result.stderr
-    assert events_of(events, "result")[0] == {**events_of(events, "result")[0], "outcome": "failed", "exit_code": 1}
 
 
 def test_yaml_and_cli_precedence_reach_the_workers(tmp_path):
@@ -176,29 +134,6 @@ def test_control_socket_refuses_processes_that_are_not_workers(tmp_path):
     assert not events_of(read_events(tmp_path / "events.jsonl"), "control_request")
 
 
-def test_sigterm_stops_a_worker_that_ignores_it_after_the_term_timeout(tmp_path):
-    proc = start_launcher(base_args(tmp_path, "--term-timeout", "2") + worker_args(tmp_path, "--ignore-sigterm"))
-    recs = wait_for(lambda: len(records(tmp_path)) == 2 and records(tmp_path), 30, "both workers")
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    took = time.monotonic() - sent
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert 2.0 <= took < 20.0
-    for rec in recs.values():
-        assert not Path(f"/proc/{rec['pid']}").exists()
-    assert "received SIGTERM" in err
-    assert events_of(read_events(tmp_path / "events.jsonl"), "result")[0]["exit_code"] == 143
-
-
-def test_sigint_exits_130(tmp_path):
-    proc = start_launcher(base_args(tmp_path) + worker_args(tmp_path, "--steps", "400"))
-    wait_for(lambda: len(records(tmp_path)) == 2, 30, "both workers")
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 130
-
-
 def test_sigusr1_is_forwarded_to_workers(tmp_path):
     proc = start_launcher(base_args(tmp_path) + worker_args(tmp_path, "--steps", "2", "--wait-for-signal"))
     wait_for(lambda: len(records(tmp_path)) == 2, 30, "both workers")
@@ -208,52 +143,3 @@ def test_sigusr1_is_forwarded_to_workers(tmp_path):
     for rank in (0, 1):
         assert json.loads((tmp_path / f"usr1_rank{rank}.json").read_text()), f"rank {rank} got no SIGUSR1"
     assert events_of(read_events(tmp_path / "events.jsonl"), "signal_forwarded")[0]["signal"] == "SIGUSR1"
-
-
-def test_sigkilled_launcher_takes_monitors_and_workers_with_it_within_5s(tmp_path):
-    proc = start_launcher(base_args(tmp_path) + worker_args(tmp_path, "--steps", "4000"))
-    recs = wait_for(lambda: len(records(tmp_path)) == 2 and records(tmp_path), 30, "both workers")
-    monitors = events_of(read_events(tmp_path / "events.jsonl"), "monitors_started")[0]["monitor_pids"]
-    pids = [r["pid"] for r in recs.values()] + monitors
-    proc.kill()
-    proc.communicate(timeout=30)
-    killed_at = time.monotonic()
-    wait_for(lambda: not [p for p in pids if _alive(p)], 5.0, f"processes {pids} to exit")
-    assert time.monotonic() - killed_at <= 5.0
-
-
-def test_children_of_a_hung_worker_are_killed_too(tmp_path):
-    result = run_launcher(
-        base_args(tmp_path, "--max-restarts", "1", "--ft-param-rank_heartbeat_timeout", "1",
-                  "--ft-param-initial_rank_heartbeat_timeout", "20")
-        + worker_args(tmp_path, "--spawn-children", "2", "--hang-rank", "0", "--hang-cycle", "0"),
-    )
-    assert result.returncode == 0, result.stderr
-    children = records(tmp_path)[(0, 0)]["children"]
-    assert len(children) == 2 and not [p for p in children if _alive(p)]
-
-
-def test_a_killed_monitor_is_replaced_at_the_next_cycle_and_training_continues(tmp_path):
-    proc = start_launcher(
-        base_args(tmp_path, "--max-restarts", "1")
-        + worker_args(tmp_path, "--steps", "60", "--crash-rank", "1", "--crash-cycle", "0"),
-    )
-    wait_for(lambda: len(records(tmp_path)) == 2, 30, "both workers")
-    monitors = events_of(read_events(tmp_path / "events.jsonl"), "monitors_started")[0]["monitor_pids"]
-    os.kill(monitors[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=90)
-    assert proc.returncode == 0, err
-    events = read_events(tmp_path / "events.jsonl")
-    assert events_of(events, "monitor_died")[0]["local_rank"] == 0
-    assert events_of(events, "monitor_replaced")[0]["local_rank"] == 0
-    assert [c["cycle"] for c in events_of(events, "cycle_start")] == [0, 1]
-    # cycle 1's rank 0 was watched by the new monitor (it connected to the same socket path)
-    assert records(tmp_path)[(1, 0)]["cfg"] is not None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
