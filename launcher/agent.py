@@ -127,6 +127,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._next_store_check = 0.0
         self._unhealthy_wait: RunResult | None = None
         self._pidfds: dict[int, int] = {}
+        self._stopped_by_us: set[int] = set()
 
     # ------------------------------------------------------------------ starting
 
@@ -154,6 +155,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             if status is not None and not was_ready:
                 self._events.record("warm_template_ready", cycle=self.cycle, pid=self._warm.pid, **status)
         self._hangs.clear()
+        self._stopped_by_us.clear()
         pids = super()._start_workers(worker_group)
         spawned_at = time.monotonic()
         self._worker_pids = dict(pids)
@@ -228,15 +230,15 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._wait_for_activity()
         if self._unhealthy_wait is not None:
             return self._wait_while_unhealthy(worker_group)
-        # Which workers had already exited before torch's poll stops the others: those are
-        # the root failures; the rest are stopped as a consequence.
+        # A worker that failed before torch's poll: stop the others ourselves (fast) and
+        # remember them, so their deaths are recorded as consequences, not causes.
         statuses = {pid: processes.peek_exit_status(pid) for pid in self._worker_pids.values()}
-        exited_first = {pid for pid, status in statuses.items() if status is not None}
         if any(status not in (None, 0) for status in statuses.values()):
             # torch would SIGTERM the others and wait 30 s for them; a worker whose peer died is
             # often stuck in a collective (or in a SIGTERM handler that runs one), so give them
             # a short grace and then SIGKILL, for a fast restart.
             survivors = [pid for pid, status in statuses.items() if status is None]
+            self._stopped_by_us.update(survivors)
             processes.terminate_groups(survivors, self._pidfds, RESTART_GRACE_SECONDS)
         result = super()._monitor_workers(worker_group)
         # Monitors report a hang before they signal the rank, so every hang behind a death
@@ -248,7 +250,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         if self.outcome is not None:
             return self._stop_for_outcome(worker_group, result, requests)
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-            return self._on_failure(worker_group, result, exited_first)
+            return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
             self._events.record("workers_succeeded", cycle=self.cycle)
         return result
@@ -272,7 +274,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             self._events.record("monitor_died", cycle=self.cycle, local_rank=local_rank,
                                 exit_code=event.get("exit_code"))
 
-    def _on_failure(self, worker_group: WorkerGroup, result: RunResult, exited_first: set[int]) -> RunResult:
+    def _on_failure(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         self._last_failure_at = time.monotonic()
         spec = worker_group.spec
         # A peer's ShutdownWorkload often reaches us as a failed collective first.
@@ -283,25 +285,24 @@ class FaultTolerantAgent(LocalElasticAgent):
         if self._restart_policy == "min-healthy" and worker_group.group_world_size > 1:
             decision = self._enter_unhealthy_wait(worker_group)
             if decision is not None:
-                self._log_failures(worker_group, result, exited_first, decision)
+                self._log_failures(worker_group, result, decision)
                 return RunResult(state=WorkerState.HEALTHY)
         if self._remaining_restarts > 0:
             done = spec.max_restarts - self._remaining_restarts + 1
             decision = f"restarting the worker group (restart {done}/{spec.max_restarts})"
         else:
             decision = f"no restarts left (--max-restarts={spec.max_restarts}); stopping"
-        self._log_failures(worker_group, result, exited_first, decision)
+        self._log_failures(worker_group, result, decision)
         return result
 
-    def _log_failures(self, worker_group: WorkerGroup, result: RunResult, exited_first: set[int],
-                      decision: str) -> None:
-        records = self._failure_records(worker_group, result, exited_first)
+    def _log_failures(self, worker_group: WorkerGroup, result: RunResult, decision: str) -> None:
+        records = self._failure_records(worker_group, result)
         if not records:
             records = [FailureRecord(self.cycle, None, -1, None, "worker group unhealthy", "unhealthy", time.time())]
         for record in records:
             self._events.failure(record, decision if record.kind != "terminated" else "stopped by the launcher")
 
-    def _failure_records(self, worker_group: WorkerGroup, result: RunResult, exited_first: set[int]) -> list[FailureRecord]:
+    def _failure_records(self, worker_group: WorkerGroup, result: RunResult) -> list[FailureRecord]:
         """Turn torch's failures into records; root causes first."""
         by_rank = {w.global_rank: w for w in worker_group.workers}
         records = []
@@ -316,7 +317,7 @@ class FaultTolerantAgent(LocalElasticAgent):
                               elapsed=hang["elapsed"], timeout=hang["timeout"], signal=hang["signal"])
                 detected_at = hang["detected_at"]
             else:
-                if failure.pid not in exited_first and failure.exitcode in (-signal.SIGTERM, -signal.SIGKILL):
+                if failure.pid in self._stopped_by_us:
                     kind = "terminated"
                     cause = f"stopped after another worker failed ({_exit_text(failure.exitcode)})"
                 elif failure.exitcode < 0:
@@ -325,7 +326,9 @@ class FaultTolerantAgent(LocalElasticAgent):
                     kind, cause = "exit", _exit_text(failure.exitcode)
                 detected_at = time.time()
                 message = getattr(failure, "message", "")
-                if message and not message.startswith(("To enable traceback", "Signal ")):
+                if isinstance(message, dict):  # torch's @record stores {"message": ..., "extraInfo": ...}
+                    message = str(message.get("message", ""))
+                if isinstance(message, str) and message and not message.startswith(("To enable traceback", "Signal ")):
                     detail["error"] = message[:1000]
             records.append(FailureRecord(self.cycle, global_rank, local_rank, failure.pid, cause, kind,
                                          detected_at, detail))
@@ -394,7 +397,7 @@ class FaultTolerantAgent(LocalElasticAgent):
                     if self.outcome == OUTCOME_SHUTDOWN
                     else "ExcludeThisNode requested: stopping this node's workers and leaving the job")
         if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
-            self._log_failures(worker_group, result, set(self._worker_pids.values()), decision)
+            self._log_failures(worker_group, result, decision)
         else:
             logger.warning("%s", decision)
         self._remaining_restarts = 0

@@ -55,6 +55,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     """The complete ``ft_launcher`` parser: torchrun's plus the fault tolerance group."""
     parser = torch_run.get_args_parser()
     parser.prog = "ft_launcher"
+    # No abbreviated options: argparse checks every argument, the training script's too, against
+    # option prefixes, and with our extra options a script argument such as --ft or --warm would
+    # be an "ambiguous option" error.
+    parser.allow_abbrev = False
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
         "torchrun with fault tolerance: rank monitors detect hangs, failed or hung worker\n"

@@ -102,14 +102,15 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
             restart_policy=ft_cfg.restart_policy, rdzv_backend=config.rdzv_backend,
             run_id=config.run_id, config=ft_cfg.to_dict(), entrypoint=str(entrypoint),
         )
+        rdzv_handler = _rendezvous_handler(config)
         if warm is not None:
             warm.start()  # imports torch in parallel with everything below
         monitors.start()
         events.record("monitors_started", monitor_pids=monitors.pids(),
                       warm_template_pid=warm.pid if warm is not None else None)
         control = ControlServer(os.path.join(run_dir, "launcher.sock"))
-        agent = _build_agent(config, entrypoint, entry_args, ft_cfg, monitors, control, events,
-                             int(shutdown_timeout), on_workers_started=signals.reinstall, warm=warm)
+        agent = _build_agent(config, entrypoint, entry_args, rdzv_handler, ft_cfg, monitors, control,
+                             events, int(shutdown_timeout), on_workers_started=signals.reinstall, warm=warm)
         shutdown_rdzv = True
         try:
             metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
@@ -135,6 +136,9 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
                     agent.get_worker_group().spec.rdzv_handler.shutdown()
     except SignalException as err:  # arrived before the agent ran (e.g. while monitors started)
         outcome, exit_code = f"signal {err.sigval.name}", exit_codes.EXIT_SIGNAL_BASE + int(err.sigval)
+    except _StartFailed as err:
+        logger.error("%s", err)
+        outcome, exit_code = err.outcome, err.exit_code
     finally:
         if signals is not None:
             signals.close()
@@ -152,14 +156,20 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
     return exit_code
 
 
-def _build_agent(config: Any, entrypoint: Any, entry_args: list[str], ft_cfg: FaultToleranceConfig,
-                 monitors: MonitorPool, control: ControlServer, events: EventLog,
-                 shutdown_timeout: int, on_workers_started: Any = None,
-                 warm: WarmTemplate | None = None) -> FaultTolerantAgent:
+class _StartFailed(Exception):
+    """The launcher cannot start its agent; carries the outcome and exit code to record."""
+
+    def __init__(self, message: str, outcome: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.exit_code = exit_code
+
+
+def _rendezvous_parameters(config: Any) -> RendezvousParameters:
     if not config.run_id:
         config.run_id = str(uuid.uuid4().int)
         logger.warning("no --rdzv-id given; using the random run id %s", config.run_id)
-    params = RendezvousParameters(
+    return RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,
         run_id=config.run_id,
@@ -168,14 +178,71 @@ def _build_agent(config: Any, entrypoint: Any, entry_args: list[str], ft_cfg: Fa
         local_addr=config.local_addr,
         **config.rdzv_configs,
     )
-    master_addr, master_port = _static_master(params)
+
+
+def _rendezvous_handler(config: Any) -> Any:
+    """Create the rendezvous handler, turning its failures into clear, bounded errors.
+
+    torch's c10d backend connects to the store while the handler is created; a port held by a
+    program that accepts connections but is not a store would block that forever inside C++.
+    The creation therefore runs on a helper thread that the main thread waits for with a bound
+    (and which signals can interrupt).
+
+    Raises:
+        _StartFailed: Invalid ``--rdzv-conf``/``--rdzv-endpoint`` values (exit 2), or the store
+            cannot be reached (exit 1).
+    """
+    import threading
+
+    params = _rendezvous_parameters(config)
+    outcome: dict[str, Any] = {}
+
+    def create() -> None:
+        try:
+            outcome["handler"] = rdzv_registry.get_rendezvous_handler(params)
+        except BaseException as err:  # handed to the main thread below
+            outcome["error"] = err
+
+    read_timeout = float(config.rdzv_configs.get("read_timeout", 60))
+    thread = threading.Thread(target=create, name="ft-rendezvous-setup", daemon=True)
+    thread.start()
+    thread.join(read_timeout + 5.0)
+    endpoint = config.rdzv_endpoint or "(none)"
+    if thread.is_alive():
+        raise _StartFailed(
+            f"rendezvous failed: {endpoint} accepted a connection but did not answer as a c10d "
+            f"store within {read_timeout + 5.0:.0f} s; is the port used by another program? "
+            "(--rdzv-endpoint)", "rendezvous failed", exit_codes.EXIT_FAILURE)
+    error = outcome.get("error")
+    if isinstance(error, (ValueError, TypeError)):
+        raise _StartFailed(
+            f"invalid rendezvous configuration (--rdzv-conf {_format_rdzv_conf(config)!r}, "
+            f"--rdzv-endpoint {endpoint}): {error}", "invalid arguments", exit_codes.EXIT_USAGE)
+    if isinstance(error, RendezvousError):
+        raise _StartFailed(
+            f"rendezvous failed: cannot reach the rendezvous at {endpoint} (--rdzv-endpoint): "
+            f"{type(error).__name__}: {error}", "rendezvous failed", exit_codes.EXIT_FAILURE)
+    if error is not None:
+        raise error
+    return outcome["handler"]
+
+
+def _format_rdzv_conf(config: Any) -> str:
+    return ",".join(f"{k}={v}" for k, v in config.rdzv_configs.items())
+
+
+def _build_agent(config: Any, entrypoint: Any, entry_args: list[str], rdzv_handler: Any,
+                 ft_cfg: FaultToleranceConfig, monitors: MonitorPool, control: ControlServer,
+                 events: EventLog, shutdown_timeout: int, on_workers_started: Any = None,
+                 warm: WarmTemplate | None = None) -> FaultTolerantAgent:
+    master_addr, master_port = _static_master(config)
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     spec = WorkerSpec(
         role=config.role,
         local_world_size=config.nproc_per_node,
         entrypoint=entrypoint,
         args=tuple(entry_args),
-        rdzv_handler=rdzv_registry.get_rendezvous_handler(params),
+        rdzv_handler=rdzv_handler,
         max_restarts=config.max_restarts,
         monitor_interval=config.monitor_interval,
         master_addr=master_addr,
@@ -219,10 +286,10 @@ def _apply_torchrun_defaults(args: argparse.Namespace) -> None:
         args.master_port = 29500
 
 
-def _static_master(params: RendezvousParameters) -> tuple[str | None, int | None]:
-    if params.backend != "static":
+def _static_master(config: Any) -> tuple[str | None, int | None]:
+    if config.rdzv_backend != "static":
         return None, None
-    endpoint = params.endpoint.strip()
+    endpoint = config.rdzv_endpoint.strip()
     if not endpoint:
         raise ValueError("the static rendezvous needs --master-addr and --master-port")
     addr, port = parse_rendezvous_endpoint(endpoint, default_port=-1)

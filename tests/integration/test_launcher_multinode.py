@@ -1,10 +1,11 @@
-"""Two ft_launchers on 127.0.0.1 acting as two nodes (c10d rendezvous), and restart hygiene."""
+"""Two ft_launchers on 127.0.0.1 acting as two nodes (c10d rendezvous), and restart hygiene.
+
+A killed node and an excluded node are rows of the fault matrix (tests/faults).
+"""
 
 from __future__ import annotations
 
-import signal
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -57,33 +58,6 @@ def test_a_hang_on_one_node_restarts_both_nodes(tmp_path):
         assert records(node.dir)[(1, node.events("cycle_start")[1]["ranks"]["0"])]["process_group_ready"]
 
 
-def wait_listening(port: int, timeout: float = 60) -> None:
-    """Wait until the first launcher hosts the c10d store on ``port``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nothing listens on port {port}")
-
-
-def test_exclude_this_node_lets_the_other_continue_alone(tmp_path):
-    # Node a hosts the c10d store (it starts first); the c10d backend keeps the store in the
-    # host's launcher, so the host itself cannot leave the job (documented limitation).
-    port = free_port()
-    a = Node("a", tmp_path, port, "1:2", ["--max-restarts", "2"], ["--gloo", "--steps", "60"])
-    wait_listening(port)
-    b = Node("b", tmp_path, port, "1:2", ["--max-restarts", "2"],
-             ["--gloo", "--request", "exclude", "--request-rank", "-1"])
-    assert b.finish() == 65, b.err
-    assert a.finish() == 0, a.err
-    assert b.events("control_request")[0]["action"] == "ExcludeThisNode"
-    last_cycle = a.events("cycle_start")[-1]
-    assert last_cycle["group_world_size"] == 1  # the job went on with one node
-    assert len(b.events("cycle_start")) == 1
-
-
 def test_shutdown_requested_on_one_node_stops_every_node(tmp_path):
     port = free_port()
     a = Node("a", tmp_path, port, "2", ["--max-restarts", "3"], ["--steps", "2000"])
@@ -94,27 +68,6 @@ def test_shutdown_requested_on_one_node_stops_every_node(tmp_path):
     request = a.events("control_request")[0]
     assert request["action"] == "ShutdownWorkload" and request["description"] == "test asked for shutdown"
     assert len(a.events("cycle_start")) == 1 and len(b.events("cycle_start")) == 1
-
-
-def test_a_sigkilled_node_leads_the_other_to_a_clear_failure_within_a_bound(tmp_path):
-    port = free_port()
-    a = Node("a", tmp_path, port, "2", ["--max-restarts", "1"], ["--gloo", "--steps", "4000"])
-    wait_listening(port)
-    b = Node("b", tmp_path, port, "2", ["--max-restarts", "1"], ["--gloo", "--steps", "4000"])
-    deadline = time.monotonic() + 60
-    while len(records(a.dir)) + len(records(b.dir)) < 2:
-        assert time.monotonic() < deadline, "workers never started"
-        time.sleep(0.05)
-    b.proc.kill()
-    b.finish()
-    killed_at = time.monotonic()
-    code = a.finish(timeout=90)
-    took = time.monotonic() - killed_at
-    assert code == 1, a.err
-    # bounded by the rendezvous join_timeout (10 s here), never an endless wait
-    assert took < 60
-    assert a.events("failure")[0]["cycle"] == 0
-    assert "rendezvous failed" in a.err or "no restarts left" in a.err
 
 
 def test_min_healthy_waits_while_enough_nodes_are_healthy(tmp_path):
@@ -148,8 +101,10 @@ def test_twenty_crash_restart_cycles_each_form_the_gloo_group_first_time(tmp_pat
     events = read_events(tmp_path / "events.jsonl")
     assert [c["cycle"] for c in events_of(events, "cycle_start")] == list(range(21))
     roots = [f for f in events_of(events, "failure") if f["cause_kind"] != "terminated"]
-    # every restart was caused by the planned crash, none by a group that failed to form
-    assert [(f["cycle"], f["rank"], f["cause"]) for f in roots] == [(c, 1, "exit code 1") for c in range(20)]
+    # every restart was caused by the planned crash, none by a group that failed to form (rank 0
+    # may also exit 1 when gloo reports the peer's death before the launcher stops it)
+    assert {(f["cycle"], f["rank"]) for f in roots if f["rank"] == 1} == {(c, 1) for c in range(20)}
+    assert {f["cause"] for f in roots} == {"exit code 1"}
     recs = records(tmp_path)
     assert all(recs[(c, r)]["process_group_ready"] for c in range(21) for r in (0, 1))
     assert "Connection refused" not in err
