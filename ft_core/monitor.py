@@ -41,6 +41,7 @@ from typing import Any, Optional
 from ft_core import protocol
 from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.errors import ProtocolError
+from ft_core.procfs import pid_alive
 from ft_core.progress_slot import ProgressSlot
 
 logger = logging.getLogger("ft_core.monitor")
@@ -234,14 +235,7 @@ class RankMonitorServer:
         protocol.ensure_private_dir(os.path.dirname(self.ipc_socket_path))
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.ipc_socket_path)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)  # the socket file is created 0600
-        try:
-            listener.bind(self.ipc_socket_path)
-        finally:
-            os.umask(old_umask)
-        listener.listen(MAX_PENDING_CONNECTIONS)
-        listener.setblocking(False)
+        listener = protocol.listen_unix(self.ipc_socket_path, MAX_PENDING_CONNECTIONS)
         self._listener = listener
         self._selector.register(listener, selectors.EVENT_READ, "listener")
 
@@ -333,7 +327,7 @@ class RankMonitorServer:
                 )
                 self._drop(conn, None)
         session = self._session
-        if session is not None and not _pid_alive(session.pid):
+        if session is not None and not pid_alive(session.pid):
             # The rank died but a forked child still holds its socket open.
             self._end_session(f"{session.describe()} exited")
 
@@ -462,7 +456,7 @@ class RankMonitorServer:
         """The launcher is gone: nothing will restart or reap the worker, so stop it."""
         targets = {pid for pid in (self._worker_pid, self._session.pid if self._session else None) if pid}
         for pid in targets:
-            if _pid_alive(pid):
+            if pid_alive(pid):
                 logger.warning("%s; stopping worker pid %s", why, pid)
                 _signal_rank(pid, signal.SIGKILL, self._worker_pid)
         if self.cleanup_dir:
@@ -482,7 +476,7 @@ class RankMonitorServer:
             return
         if self._session is not None:
             old = self._session
-            if _pid_alive(old.pid) and old.pid != conn.peer_pid:
+            if pid_alive(old.pid) and old.pid != conn.peer_pid:
                 self._send(conn, {"type": protocol.MSG_ERROR, "error": (
                     f"this monitor already watches {old.describe()}; each rank needs its own "
                     "monitor (is the socket path shared between ranks?)")})
@@ -644,7 +638,7 @@ class RankMonitorServer:
             return look_again
         if now < deadline.when:
             return deadline.when if look_again is None else min(deadline.when, look_again)
-        if not _pid_alive(session.pid):
+        if not pid_alive(session.pid):
             self._end_session(f"{session.describe()} exited")
             return None
         self._handle_hang(session, deadline, now)
@@ -725,26 +719,6 @@ def _signal_rank(pid: int, sig: signal.Signals, worker_pid: int | None) -> None:
         except PermissionError as err:
             logger.error("cannot signal pid %s: %s", pid, err)
             return
-
-
-def _pid_alive(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            stat = stream.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    # The state follows the parenthesised command name, which may itself contain ')'.
-    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-    return state not in (b"Z", b"X")
 
 
 def _set_parent_death_signal(sig: signal.Signals) -> None:

@@ -196,6 +196,22 @@ def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
     return pid, uid, gid
 
 
+def listen_unix(path: str, backlog: int) -> socket.socket:
+    """A non-blocking Unix stream socket listening at ``path``, created with mode 0600."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    except BaseException:
+        listener.close()
+        raise
+    finally:
+        os.umask(old_umask)
+    listener.listen(backlog)
+    listener.setblocking(False)
+    return listener
+
+
 def check_socket_path(path: str) -> None:
     """Raise a clear error if ``path`` cannot be bound as an ``AF_UNIX`` address.
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from ft_core import protocol
 from ft_core.errors import ProtocolError
+from ft_core.procfs import parent_pid
 from ft_core.workload_control import WorkloadControlRequest
 
 logger = logging.getLogger(__name__)
@@ -57,14 +58,7 @@ class ControlServer:
         self.requests: queue.Queue[ReceivedRequest] = queue.Queue()
         self._allowed_roots: frozenset[int] = frozenset()
         self._lock = threading.Lock()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)
-        try:
-            self._listener.bind(path)
-        finally:
-            os.umask(old_umask)
-        self._listener.listen(16)
-        self._listener.setblocking(False)
+        self._listener = protocol.listen_unix(path, 16)
         self._wake_r, self._wake_w = socket.socketpair()
         # Readable whenever a request was queued, so the agent can wait for it with a selector.
         self._notify_r, self._notify_w = socket.socketpair()
@@ -182,14 +176,3 @@ def _is_warm_template(pid: int) -> bool:
     except OSError:
         return False
     return len(argv) > 1 and os.fsdecode(argv[1]) == _WARM_TEMPLATE_SCRIPT
-
-
-def parent_pid(pid: int) -> int | None:
-    """Parent pid of ``pid`` from ``/proc`` (``None`` if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            stat = stream.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1])

@@ -9,7 +9,8 @@ import os
 import signal
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+from ft_core.procfs import ProcStat, list_processes
 
 logger = logging.getLogger(__name__)
 
@@ -87,30 +88,7 @@ def _exists(pid: int) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class ProcInfo:
-    pid: int
-    ppid: int
-    pgid: int
-    sid: int
-    state: str
-
-
-def list_processes() -> list[ProcInfo]:
-    """A snapshot of all processes from ``/proc``."""
-    infos = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            with open(f"/proc/{entry}/stat", "rb") as stream:
-                raw = stream.read()
-            fields = raw[raw.rfind(b")") + 2 :].split()
-            infos.append(ProcInfo(int(entry), int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode()))
-    return infos
-
-
-def descendants(root: int, procs: Iterable[ProcInfo]) -> set[int]:
+def descendants(root: int, procs: Iterable[ProcStat]) -> set[int]:
     """Pids of every live descendant of ``root`` in the snapshot."""
     children: dict[int, list[int]] = {}
     for info in procs:
@@ -143,11 +121,11 @@ def kill_leftovers(worker_pids: list[int], keep: set[int], keep_alone: set[int] 
     sessions = set(worker_pids)
     victims = {
         info.pid for info in procs
-        if info.state not in ("Z", "X") and info.pid != me and info.pid not in protected
+        if info.alive and info.pid != me and info.pid not in protected
         and info.sid in sessions
     }
     victims |= {pid for pid in descendants(me, procs) if pid not in protected}
-    live = {info.pid for info in procs if info.state not in ("Z", "X")}
+    live = {info.pid for info in procs if info.alive}
     victims &= live
     for pid in victims:
         with contextlib.suppress(ProcessLookupError, PermissionError):
