@@ -42,6 +42,35 @@ test-slurm: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo/run_demo.py
 
+# Benchmarks (bench/run_all.py): every scenario with repeated, paired runs; writes
+# docs/benchmarks.md (raw results and logs in bench/results/, git-ignored). About 9 min on this
+# 2-core machine kind. BENCH_ARGS='--quick' for a short functional run, '--only client hang' for some.
+BENCH_ARGS ?=
+bench: $(STAMP)
+	$(PY) bench/run_all.py $(BENCH_ARGS)
+
+# The same, side by side with NVIDIA nvidia-resiliency-ext 0.4.1 (the peer; the last release with
+# its Lightning callbacks), installed only into a separate venv: NVRx code never enters the repo.
+# The peer venv gets the same torch and the same Lightning version as .venv. About 16 min
+# (+1.5 min to make the venv the first time).
+PEER_VENV ?= .venv-peer
+PEER_PY := $(PEER_VENV)/bin/python
+PEER_STAMP := $(PEER_VENV)/.installed
+NVRX_SPEC ?= nvidia-resiliency-ext==0.4.1
+PEER_DEPS ?= defusedxml nvidia-ml-py pynvml psutil packaging pyyaml
+
+$(PEER_STAMP): $(STAMP)
+	rm -rf $(PEER_VENV)
+	$(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_PY) -m pip install -q $(TORCH_SPEC)
+	$(PEER_PY) -m pip install -q --no-deps $(NVRX_SPEC)
+	$(PEER_PY) -m pip install -q $(PEER_DEPS) \
+	    "lightning==$$($(PY) -c 'import importlib.metadata as m; print(m.version("lightning"))')"
+	touch $(PEER_STAMP)
+
+bench-peer: $(STAMP) $(PEER_STAMP)
+	$(PY) bench/run_all.py --peer-python $(PEER_PY) $(BENCH_ARGS)
+
 lint: $(STAMP)
 	$(PY) -m ruff check ft_core launcher ptl_resiliency tests bench examples
 

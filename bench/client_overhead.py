@@ -2,7 +2,8 @@
 
 Prints microseconds per ``send_heartbeat()`` and per ``start_section()``+``end_section()`` pair:
 the median and p99 of individually timed calls (timer overhead subtracted), and the mean over
-large batches. Run: ``python bench/client_overhead.py [--calls N] [--json]``.
+large batches. Run: ``python bench/client_overhead.py [--calls N] [--impl ours|nvrx] [--json]``
+(``--impl nvrx`` needs NVIDIA nvidia-resiliency-ext installed: ``make bench-peer``'s ``.venv-peer``).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import sys
 import tempfile
 import time
 
-from ft_core import FaultToleranceConfig, RankMonitorClient, RankMonitorServer
-from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import _impl  # noqa: E402
+
+FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR = "FT_RANK_MONITOR_IPC_SOCKET"  # the same in both packages
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -52,8 +55,14 @@ def time_in_batches(fn, batches: int, batch: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--calls", type=int, default=200_000)
+    parser.add_argument("--impl", choices=_impl.IMPLS, default="ours")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    ft = _impl.core(args.impl)
+    FaultToleranceConfig, RankMonitorClient, RankMonitorServer = (
+        ft.FaultToleranceConfig, ft.RankMonitorClient, ft.RankMonitorServer)
+    os.environ.setdefault("RANK", "0")  # NVRx's client asks for its rank
+    os.environ.setdefault("LOCAL_RANK", "0")
 
     run_dir = tempfile.mkdtemp(prefix="ftb-")
     socket_path = os.path.join(run_dir, "m.sock")
@@ -69,7 +78,7 @@ def main() -> int:
 
         results = {}
         for name, fn in (("heartbeat", client.send_heartbeat), ("section_pair", section_pair)):
-            time_in_batches(fn, 5, 10_000)  # warm up
+            time_in_batches(fn, 5, max(100, args.calls // 20))  # warm up
             samples = time_individually(fn, args.calls)
             results[name] = {
                 "median_us": round(statistics.median(samples), 3),
@@ -77,6 +86,8 @@ def main() -> int:
                 "batch_mean_us": round(time_in_batches(fn, 50, args.calls // 50), 3),
             }
         results["monitor_alive"] = monitor.is_alive()
+        results["impl"] = args.impl
+        results["calls"] = args.calls
     finally:
         client.shutdown_workload_monitoring()
         monitor.terminate()

@@ -2,7 +2,9 @@
 
 A real rank monitor watches a real rank that sends heartbeats and then stops. Latency is the
 moment the parent sees the rank die minus (last heartbeat + timeout), so it includes the
-monitor's wake-up, the signal and process exit. Run: ``python bench/hang_detection.py [--runs N]``.
+monitor's wake-up, the signal and process exit. Every other setting keeps its default (NVRx's
+monitor checks every ``workload_check_interval`` = 5 s; ours sleeps until the deadline).
+Run: ``python bench/hang_detection.py [--runs N] [--timeout S] [--impl ours|nvrx] [--json]``.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import textwrap
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import _impl  # noqa: E402
 from bench._util import emit, summarize  # noqa: E402
-from ft_core import FaultToleranceConfig, RankMonitorServer  # noqa: E402
-from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR  # noqa: E402
+
+FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR = "FT_RANK_MONITOR_IPC_SOCKET"  # the same in both packages
 
 RANK = textwrap.dedent("""
     import sys, time
-    from ft_core import RankMonitorClient
+    from {core} import RankMonitorClient
     c = RankMonitorClient(); c.init_workload_monitoring()
     for _ in range(20):
         c.send_heartbeat(); time.sleep(0.02)
@@ -32,15 +35,18 @@ RANK = textwrap.dedent("""
 """)
 
 
-def one_run(timeout: float) -> float:
+def one_run(impl: str, timeout: float) -> float:
+    ft = _impl.core(impl)
     run_dir = tempfile.mkdtemp(prefix="ftb-")
     path = os.path.join(run_dir, "m.sock")
     # Defaults except the heartbeat timeout (the default 45 min would make a long benchmark).
-    cfg = FaultToleranceConfig(rank_heartbeat_timeout=timeout)
-    monitor = RankMonitorServer.run_in_subprocess(cfg, path)
+    cfg = ft.FaultToleranceConfig(rank_heartbeat_timeout=timeout)
+    monitor = ft.RankMonitorServer.run_in_subprocess(cfg, path)
     try:
-        rank = subprocess.Popen([sys.executable, "-c", RANK], stdout=subprocess.PIPE, text=True,
-                                env={**os.environ, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR: path},
+        code = RANK.replace("{core}", _impl.module_name(impl, "core"))
+        rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                                env={**os.environ, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR: path,
+                                     "RANK": "0", "LOCAL_RANK": "0"},
                                 start_new_session=True)
         last_hb = float(rank.stdout.readline())
         rank.wait(timeout=timeout + 30)
@@ -57,10 +63,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=1.0)
+    parser.add_argument("--impl", choices=_impl.IMPLS, default="ours")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    latencies = [one_run(args.timeout) for _ in range(args.runs)]
-    emit({"hang_detection_latency_s": summarize(latencies, 4), "timeout_s": args.timeout}, args.json)
+    latencies = [one_run(args.impl, args.timeout) for _ in range(args.runs)]
+    emit({"impl": args.impl, "hang_detection_latency_s": summarize(latencies, 4),
+          "samples_s": [round(x, 4) for x in latencies], "timeout_s": args.timeout}, args.json)
     return 0
 
 

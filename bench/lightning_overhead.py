@@ -19,7 +19,12 @@ per-step hooks (six per training step) inside a profiler context, which costs mo
 callbacks' own work. The fault tolerance callbacks set the hooks they do not use to None, which
 Lightning skips.
 
-Run: ``python bench/lightning_overhead.py [--pairs 15000] [--block-steps 1] [--json]``.
+NVRx (``--impl nvrx``, in the venv that ``make bench-peer`` makes): its sections callback puts
+the ``step`` section around ``trainer.strategy.training_step`` (an instance attribute it sets)
+rather than in callback hooks, so that wrapper is switched in and out together with the callback;
+its own hook code, timed directly, then leaves the wrapper out and is not reported.
+
+Run: ``python bench/lightning_overhead.py [--pairs 15000] [--block-steps 1] [--impl ours|nvrx] [--json]``.
 Target: <= 20 us per step (NVRx 0.4.1's heartbeat callback adds 0.29 ms per step here).
 """
 
@@ -43,9 +48,12 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel, RandomDataset
 from torch.utils.data import DataLoader
 
-from ft_core import FaultToleranceConfig, RankMonitorServer
-from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ptl_resiliency import FaultToleranceCallback, FaultToleranceSectionsCallback
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import _impl  # noqa: E402
+
+FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR = "FT_RANK_MONITOR_IPC_SOCKET"  # the same in both packages
+# Strategy methods a callback may wrap in place (NVRx's sections callback: the "step" section).
+WRAPPED_STRATEGY_METHODS = ("training_step",)
 
 MONITOR_CONFIGS = {
     "heartbeats": dict(initial_rank_heartbeat_timeout=600, rank_heartbeat_timeout=600),
@@ -78,6 +86,7 @@ class ABModel(BoringModel):
         self._step = 0
         self._block_start = (0.0, 0.0)
         self._block_on = True
+        self._wrappers: dict[str, Any] | None = None
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(RandomDataset(32, 2 * (self.total_steps + 10)), batch_size=2)
@@ -93,6 +102,15 @@ class ABModel(BoringModel):
             callbacks.insert(0, self.subject)
         elif not on and present:
             callbacks.remove(self.subject)
+        strategy = self.trainer.strategy
+        if self._wrappers is None:  # first call: the subject is in and set up
+            self._wrappers = {name: strategy.__dict__[name] for name in WRAPPED_STRATEGY_METHODS
+                              if name in strategy.__dict__}
+        for name, wrapper in self._wrappers.items():
+            if on:
+                setattr(strategy, name, wrapper)
+            elif name in strategy.__dict__:
+                delattr(strategy, name)  # the class's method again
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         cpu, wall = time.thread_time(), time.perf_counter()
@@ -122,8 +140,8 @@ class ABModel(BoringModel):
     def _time_hooks_directly(self) -> float | None:
         """Microseconds per step of the subject's own per-step hook code, without Lightning."""
         subject, trainer = self.subject, self.trainer
-        if type(subject) is Callback:
-            return None
+        if type(subject) is Callback or self._wrappers:
+            return None  # nothing of its own, or work outside its hooks (NVRx sections)
         # Only the hooks Lightning would call (the callbacks set unused ones to None).
         start_hooks = [h for h in (subject.on_train_batch_start,) if callable(h)]
         end_hooks = [h for h in (subject.on_train_batch_end,) if callable(h)]
@@ -139,20 +157,25 @@ class ABModel(BoringModel):
         return best
 
 
-def make_subject(kind: str) -> Callback:
+def make_subject(kind: str, impl: str, run_dir: str) -> Callback:
+    if kind == "empty":
+        return Callback()
+    cbs = _impl.callbacks(impl)
+    # exp_dir: NVRx's default (<log_dir>/ft_state) is only created by rank 0 of a process group.
     if kind == "heartbeats":
-        return FaultToleranceCallback(autoresume=False, calculate_timeouts=False)
+        return cbs.FaultToleranceCallback(autoresume=False, calculate_timeouts=False, exp_dir=run_dir)
     if kind == "sections":
-        return FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=False)
-    return Callback()
+        return cbs.FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=False, exp_dir=run_dir)
+    raise SystemExit(f"lightning_overhead: unknown callback {kind!r}")
 
 
 def measure(kind: str, args: argparse.Namespace, run_dir: str) -> dict[str, Any]:
+    ft = _impl.core(args.impl)
     socket_path = os.path.join(run_dir, f"{kind}.sock")
-    monitor = RankMonitorServer.run_in_subprocess(FaultToleranceConfig(**MONITOR_CONFIGS[kind]), socket_path)
+    monitor = ft.RankMonitorServer.run_in_subprocess(ft.FaultToleranceConfig(**MONITOR_CONFIGS[kind]), socket_path)
     os.environ[FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR] = socket_path
     try:
-        subject = make_subject(kind)
+        subject = make_subject(kind, args.impl, run_dir)
         model = ABModel(subject, args.warmup, args.block_steps, args.pairs, args.hook_calls)
         trainer = Trainer(
             accelerator="cpu", devices=1, max_steps=model.total_steps, max_epochs=1, logger=False,
@@ -170,6 +193,7 @@ def measure(kind: str, args: argparse.Namespace, run_dir: str) -> dict[str, Any]
     wall = _added_per_step([(on, w) for on, _, w in model.block_times])
     return {
         "callback": kind,
+        "impl": args.impl,
         "cpu": cpu,
         "wall": wall,
         "own_hook_code_us_per_step": None if model.hook_cost_us is None else round(model.hook_cost_us, 3),
@@ -210,8 +234,11 @@ def main() -> int:
     parser.add_argument("--hook-calls", type=int, default=100_000, help="direct hook calls timed")
     parser.add_argument("--callbacks", default="empty,heartbeats,sections",
                         help="comma-separated: empty, heartbeats, sections")
+    parser.add_argument("--impl", choices=_impl.IMPLS, default="ours")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    os.environ.setdefault("RANK", "0")  # NVRx's client asks for its rank
+    os.environ.setdefault("LOCAL_RANK", "0")
 
     torch.set_num_threads(1)  # 2-core machine: OpenMP spin-waiting swamps step times
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):

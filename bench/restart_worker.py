@@ -1,3 +1,8 @@
+"""Worker of bench/restart_latency.py: records when it started and when its group was ready.
+
+``BENCH_CLIENT`` picks the fault tolerance client it connects (``ours``, ``nvrx``, ``none``).
+"""
+
 import time
 
 STARTED = time.time()  # first statement: "replacement process started"
@@ -17,8 +22,13 @@ def write(name, value):
 
 
 write("started", STARTED)
-if os.environ.get("BENCH_CLIENT") == "1":
+if os.environ.get("BENCH_CLIENT") == "ours":
     from ft_core import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+elif os.environ.get("BENCH_CLIENT") == "nvrx":  # NVRx's client (it imports torch itself)
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
 
     client = RankMonitorClient()
     client.init_workload_monitoring()

@@ -1,0 +1,742 @@
+"""Run every benchmark scenario with repeated, paired runs and write ``docs/benchmarks.md``.
+
+``make bench`` runs it for ptl-resiliency (and plain torchrun where it applies); ``make
+bench-peer`` also passes ``--peer-python .venv-peer/bin/python``, the interpreter of a separate
+venv with NVIDIA nvidia-resiliency-ext 0.4.1 (NVRx), and every scenario then runs with both, in
+alternating order (ABBA: ours, peer, peer, ours, ...) so that a change in the machine's load
+affects both alike. Where two tools are compared, each run of one is paired with the run of the
+other that came next to it and the ratio is taken per pair; the table gives the median ratio
+with its min-max.
+
+Scenarios (``--only`` picks some; each is a script in ``bench/`` that prints JSON with ``--json``):
+
+  client     bench/client_overhead.py   us per heartbeat / section open+close (median, p99)
+  hang       bench/hang_detection.py    detection latency past the timeout, default settings
+  restart    bench/restart_latency.py   worker failure -> replacements started -> gloo group ready
+  footprint  bench/monitor_footprint.py memory of launcher/monitors/template; monitor CPU at 10 Hz
+  lightning  bench/lightning_overhead.py step time each Lightning callback adds (paired blocks)
+  goodput    bench/goodput.py           2-rank Lightning job with faults under autoresume.sh
+
+Raw results go to ``bench/results/<UTC time>.json`` and each scenario's output to
+``bench/results/logs/`` (git-ignored). ``--quick`` runs few, short repetitions (to check that
+everything works; the figures are then rough). ``--render-only FILE`` re-renders the markdown
+from a raw results file.
+
+Run: ``python bench/run_all.py [--peer-python PY] [--quick] [--only client hang ...] [--note TEXT]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench._util import REPO, become_subreaper, kill_descendants, summarize  # noqa: E402
+
+SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput")
+
+# Repetitions and sizes: (full, quick).
+SETTINGS = {
+    "client_reps": (5, 2), "client_calls": (10_000, 5_000),
+    "hang_blocks": (3, 1), "hang_runs_per_block": (3, 2), "hang_timeout": (1.0, 1.0),
+    "restart_runs": (3, 1), "restart_crashes": (3, 2),
+    "footprint_reps": (2, 1), "footprint_seconds": (12.0, 4.0),
+    "lightning_reps": (3, 1), "lightning_pairs": (3000, 300),
+    "goodput_runs": (2, 1), "goodput_baseline_runs": (1, 1), "goodput_max_steps": (1500, 500),
+    "goodput_max_faults": (4, 2), "goodput_fault_every": (6.0, 4.0),
+}
+SCENARIO_TIMEOUT_S = 1500
+
+
+class Context:
+    """Interpreters, settings and where outputs go; runs one benchmark script as a subprocess."""
+
+    def __init__(self, args: argparse.Namespace, work: Path, logs: Path) -> None:
+        self.args = args
+        self.quick = args.quick
+        self.python = {"ours": sys.executable}
+        if args.peer_python:
+            self.python["nvrx"] = args.peer_python
+        self.impls = list(self.python)
+        self.work = work
+        self.logs = logs
+        self.commands: dict[str, list[str]] = {}
+
+    def setting(self, name: str) -> Any:
+        return SETTINGS[name][1 if self.quick else 0]
+
+    def run_json(self, scenario: str, python: str, script: str, script_args: list[str]) -> dict:
+        """Run ``python bench/<script> <args> --json``; return the JSON object it printed last."""
+        command = [python, str(REPO / "bench" / script), *script_args, "--json"]
+        shown = " ".join(_display(c) for c in _without_log_args(command))
+        self.commands.setdefault(scenario, [])
+        if shown not in self.commands[scenario]:
+            self.commands[scenario].append(shown)
+        tmp = Path(tempfile.mkdtemp(prefix="t", dir=self.work))  # short: Unix socket paths go here
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TMPDIR": str(tmp)}
+        log_path = self.logs / f"{scenario}.log"
+        with open(log_path, "ab") as log:
+            log.write(f"\n==== {datetime.datetime.now().isoformat(timespec='seconds')} {shown}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(command, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=log, start_new_session=True)
+            try:
+                out, _ = proc.communicate(timeout=SCENARIO_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                out, _ = proc.communicate()
+                raise RuntimeError(f"{shown} timed out after {SCENARIO_TIMEOUT_S} s (see {log_path})") from None
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # nothing of a finished run may stay
+                proc.wait()
+                left = kill_descendants()  # orphans of a script killed at its time limit
+                if left:
+                    log.write(f"run_all: killed {len(left)} process(es) left behind: {left}\n".encode())
+                shutil.rmtree(tmp, ignore_errors=True)
+            log.write(out)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{shown} exited with {proc.returncode} (see {log_path})")
+        for line in reversed(out.decode(errors="replace").splitlines()):
+            with contextlib.suppress(ValueError):
+                value = json.loads(line)
+                if isinstance(value, dict):
+                    return value
+        raise RuntimeError(f"{shown} printed no JSON object (see {log_path})")
+
+
+def _without_log_args(command: list[str]) -> list[str]:
+    """The command without the options that only say where its logs go."""
+    out, skip = [], False
+    for arg in command:
+        if skip:
+            skip = False
+        elif arg in ("--log-dir", "--log"):
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def _display(arg: str) -> str:
+    """An argument as a reader would type it: paths relative to the repository, venvs by name."""
+    with contextlib.suppress(ValueError):
+        rel = os.path.relpath(arg, REPO)
+        if not rel.startswith(".."):
+            return rel
+    if arg == sys.executable:
+        return ".venv/bin/python"
+    return arg
+
+
+def abba(items: list[str], rep: int) -> list[str]:
+    return list(items) if rep % 2 == 0 else list(reversed(items))
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def scenario_client(ctx: Context) -> dict:
+    per: dict[str, list[dict]] = {impl: [] for impl in ctx.impls}
+    for rep in range(ctx.setting("client_reps")):
+        for impl in abba(ctx.impls, rep):
+            per[impl].append(ctx.run_json("client", ctx.python[impl], "client_overhead.py",
+                                          ["--calls", str(ctx.setting("client_calls")), "--impl", impl]))
+    return {"runs": per}
+
+
+def scenario_hang(ctx: Context) -> dict:
+    samples: dict[str, list[float]] = {impl: [] for impl in ctx.impls}
+    for rep in range(ctx.setting("hang_blocks")):
+        for impl in abba(ctx.impls, rep):
+            result = ctx.run_json("hang", ctx.python[impl], "hang_detection.py",
+                                  ["--runs", str(ctx.setting("hang_runs_per_block")),
+                                   "--timeout", str(ctx.setting("hang_timeout")), "--impl", impl])
+            samples[impl] += result["samples_s"]
+    return {"samples_s": samples, "timeout_s": ctx.setting("hang_timeout")}
+
+
+def scenario_restart(ctx: Context) -> dict:
+    tools = ["ft_launcher", "ft_launcher_cold", "torchrun"] + (["nvrx"] if "nvrx" in ctx.python else [])
+    script_args = ["--runs", str(ctx.setting("restart_runs")), "--crashes", str(ctx.setting("restart_crashes")),
+                   "--tools", *tools, "--log-dir", str(ctx.logs)]
+    if "nvrx" in ctx.python:
+        script_args += ["--peer-python", ctx.python["nvrx"]]
+    return ctx.run_json("restart", sys.executable, "restart_latency.py", script_args)
+
+
+def scenario_footprint(ctx: Context) -> dict:
+    tools = ["ours", "ours_cold", "torchrun"] + (["nvrx"] if "nvrx" in ctx.python else [])
+    per: dict[str, list[dict]] = {tool: [] for tool in tools}
+    for rep in range(ctx.setting("footprint_reps")):
+        for tool in abba(tools, rep):
+            script_args = ["--tool", tool, "--seconds", str(ctx.setting("footprint_seconds")),
+                           "--log", str(ctx.logs / "footprint_launchers.log")]
+            if tool == "nvrx":
+                script_args += ["--peer-python", ctx.python["nvrx"]]
+            per[tool].append(ctx.run_json("footprint", sys.executable, "monitor_footprint.py", script_args))
+    return {"runs": per}
+
+
+def scenario_lightning(ctx: Context) -> dict:
+    per: dict[str, list[dict]] = {impl: [] for impl in ctx.impls}
+    for rep in range(ctx.setting("lightning_reps")):
+        for impl in abba(ctx.impls, rep):
+            # The empty Callback (Lightning's own cost) is the same in both venvs: measured once.
+            # NVRx's hooks wait for a reply, hence fewer direct calls (the same figure, sooner).
+            callbacks, hook_calls = ("empty,heartbeats,sections", 20000) if impl == "ours" else ("heartbeats,sections", 2000)
+            per[impl].append(ctx.run_json("lightning", ctx.python[impl], "lightning_overhead.py",
+                                          ["--pairs", str(ctx.setting("lightning_pairs")), "--hook-calls",
+                                           str(hook_calls), "--callbacks", callbacks, "--impl", impl]))
+    return {"runs": per}
+
+
+def scenario_goodput(ctx: Context) -> dict:
+    script_args = ["--tools", *ctx.impls, "--runs", str(ctx.setting("goodput_runs")),
+                   "--baseline-runs", str(ctx.setting("goodput_baseline_runs")),
+                   "--max-steps", str(ctx.setting("goodput_max_steps")),
+                   "--max-faults", str(ctx.setting("goodput_max_faults")),
+                   "--fault-every", str(ctx.setting("goodput_fault_every")), "--log-dir", str(ctx.logs)]
+    if "nvrx" in ctx.python:
+        script_args += ["--peer-python", ctx.python["nvrx"]]
+    return ctx.run_json("goodput", sys.executable, "goodput.py", script_args)
+
+
+RUNNERS: dict[str, Callable[[Context], dict]] = {
+    "client": scenario_client, "hang": scenario_hang, "restart": scenario_restart,
+    "footprint": scenario_footprint, "lightning": scenario_lightning, "goodput": scenario_goodput,
+}
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as stream:
+            return stream.read()
+    except OSError:
+        return ""
+
+
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in _read("/proc/stat").splitlines()[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields), idle
+
+
+def busy_fraction(seconds: float) -> float:
+    """Share of all CPUs busy during ``seconds`` (this process sleeps meanwhile)."""
+    total0, idle0 = _cpu_times()
+    time.sleep(seconds)
+    total1, idle1 = _cpu_times()
+    return 0.0 if total1 == total0 else 1.0 - (idle1 - idle0) / (total1 - total0)
+
+
+def package_versions(python: str) -> dict[str, str]:
+    code = ("import json, sys, importlib.metadata as m\n"
+            "out = {'python': sys.version.split()[0]}\n"
+            "for name in ('torch', 'lightning', 'nvidia-resiliency-ext'):\n"
+            "    try: out[name] = m.version(name)\n"
+            "    except m.PackageNotFoundError: pass\n"
+            "print(json.dumps(out))")
+    try:
+        return json.loads(subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
+                                         check=True).stdout)
+    except (subprocess.SubprocessError, ValueError):
+        return {}
+
+
+def machine_info(ctx: Context) -> dict:
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines()
+                if line.startswith("model name")), platform.processor() or "unknown")
+    mem_kb = next((int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
+                   if line.startswith("MemTotal")), 0)
+    os_name = next((line.split("=", 1)[1].strip().strip('"') for line in _read("/etc/os-release").splitlines()
+                    if line.startswith("PRETTY_NAME=")), platform.system())
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(mem_kb / 2**20, 1),
+        "os": f"{os_name}, kernel {platform.release()}",
+        "versions": {impl: package_versions(python) for impl, python in ctx.python.items()},
+    }
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def med(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt_range(summary: dict | None, digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    """``median (min–max)``, or ``-`` when there is no figure."""
+    if not summary:
+        return "-"
+    m, lo, hi = (summary[k] * scale for k in ("median", "min", "max"))
+    unit = f" {unit}" if unit else ""
+    if summary.get("n", 2) == 1 or lo == hi:
+        return f"{m:.{digits}f}{unit}"
+    return f"{m:.{digits}f}{unit} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
+def of(values: list[float], digits: int = 2, scale: float = 1.0, unit: str = "") -> str:
+    values = [v for v in values if v is not None]
+    return fmt_range(summarize(values, 9) if values else None, digits, scale, unit)
+
+
+def ratio_cell(peer: list[float | None], ours: list[float | None], digits: int = 1) -> str:
+    """Per-pair ratios peer/ours: ``×median (min–max)``."""
+    ratios = [p / o for p, o in zip(peer, ours, strict=False) if p is not None and o is not None and o > 0]
+    if not ratios:
+        return "-"
+    s = summarize(ratios, 9)
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return f"×{s['median']:.{digits}f}"
+    return f"×{s['median']:.{digits}f} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
+def render(data: dict) -> str:
+    machine, results, meta = data["machine"], data["results"], data["meta"]
+    peer = "nvrx" in machine["versions"]
+    ours_v = machine["versions"].get("ours", {})
+    lines: list[str] = []
+    add = lines.append
+    add("# Benchmarks")
+    add("")
+    add("Generated by `bench/run_all.py` (`make bench`; `make bench-peer` adds NVIDIA "
+        "nvidia-resiliency-ext, \"NVRx\"). Do not edit by hand: run it again.")
+    add("")
+    if meta.get("notes"):
+        for note in meta["notes"]:
+            add(f"> **Note:** {note}")
+            add(">")
+        lines.pop()
+        add("")
+    add("| machine | |")
+    add("| --- | --- |")
+    add(f"| date | {meta['date']} (took {meta['wall_s'] / 60:.1f} min{', quick mode' if meta['quick'] else ''}) |")
+    add(f"| CPU | {machine['cpu']}, {machine['cores']} cores |")
+    add(f"| RAM | {machine['ram_gib']} GiB |")
+    add(f"| OS | {machine['os']} |")
+    add(f"| Python, torch, lightning | {ours_v.get('python', '?')}, {ours_v.get('torch', '?')}, "
+        f"{ours_v.get('lightning', '?')} |")
+    if peer:
+        pv = machine["versions"]["nvrx"]
+        add(f"| peer venv (`.venv-peer`) | nvidia-resiliency-ext {pv.get('nvidia-resiliency-ext', '?')}, "
+            f"Python {pv.get('python', '?')}, torch {pv.get('torch', '?')}, lightning {pv.get('lightning', '?')} |")
+    add(f"| other load on the machine | CPUs {meta['busy_before'] * 100:.0f}% busy just before the run, "
+        f"{meta['busy_after'] * 100:.0f}% just after (3 s samples, while no benchmark ran) |")
+    add("")
+    add("How to reproduce: `make bench` (ours and torchrun; 9 min on this 2-core machine kind, measured "
+        "while it was loaded) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
+        "on first use, 1.5 min; 16 min) regenerate this page; `make bench BENCH_ARGS='--only restart goodput'` runs some scenarios, "
+        "`BENCH_ARGS=--quick` a short functional run. Each section lists the exact commands it ran: every "
+        "script in `bench/` prints its figures on its own (as JSON with `--json`, as text without). Raw "
+        "results and every process's output go to `bench/results/` (git-ignored).")
+    add("")
+    add("Every figure is the **median over repeated runs, with (min–max)**. Runs of the tools compared "
+        "alternate (ABBA order) and each is paired with its neighbour; ratios are taken per pair "
+        "(other tool / ours: above 1 means ours is faster or smaller) and given as median (min–max). "
+        "\"ours\" is ptl-resiliency from this repository.")
+    add("")
+    sections = [("client", render_client), ("hang", render_hang), ("restart", render_restart),
+                ("footprint", render_footprint), ("lightning", render_lightning), ("goodput", render_goodput)]
+    number = 0
+    for key, fn in sections:
+        if key not in results:
+            continue
+        number += 1
+        body = fn(results[key], peer)
+        add(f"## {number}. {body[0]}")
+        add("")
+        lines.extend(body[1:])
+        if isinstance(results[key], dict) and results[key].get("error"):
+            add(f"**This scenario failed:** `{results[key]['error']}`")
+            add("")
+        commands = meta.get("commands", {}).get(key, [])
+        if commands:
+            add("Reproduce (from the repository root; `make bench` runs exactly these):")
+            add("")
+            add("```bash")
+            lines.extend(commands)
+            add("```")
+            add("")
+    if peer:
+        add("## Reference: NVRx figures from a quiet machine")
+        add("")
+        add("Measured earlier on this machine kind with NVRx 0.4.1 while it was idle (issue 7), to judge how "
+            "much a loaded run inflates the absolute figures above: heartbeat 65 µs, section pair 156 µs; "
+            "hang detection 2.0 s past the timeout (default settings: uniform over the 5 s check interval); "
+            "failure → new processes 0.44 s (torchrun 0.37 s); failure → gloo group ready 3.0 s (torchrun "
+            "2.9 s, of which ~2.3 s is `import torch` in the new workers); monitor RSS 157 MB; Lightning "
+            "heartbeat callback +0.29 ms per step.")
+        add("")
+    add("## What could not be compared")
+    add("")
+    add("- **torchrun** has no hang detection, no rank monitors and no Lightning callback: it appears in "
+        "the restart and memory scenarios only. Under faults it would wait for a hung rank until the "
+        "collective's timeout (30 min with gloo), so goodput with hangs does not apply.")
+    add("- **NVRx's simulated faults** (`simulated_fault_params`) and its GPU health checks need CUDA: "
+        "the faults here are made by the workers themselves (`SIGSTOP`/`SIGKILL` at a planned time), "
+        "identically for both tools. On this CPU machine NVRx logs NVML tracebacks at start "
+        "(harmless; its GPU/NIC health checks disable themselves).")
+    add("- **NVRx's sections callback** wraps `trainer.strategy.training_step` rather than using "
+        "callback hooks, so its own hook code cannot be timed apart from the step (`-` in that column).")
+    add("")
+    return "\n".join(lines) + "\n"
+
+
+def _error_section(title: str, result: dict) -> list[str] | None:
+    if isinstance(result, dict) and result.get("error") and len(result) == 1:
+        return [title, "No figures: the scenario failed.", ""]
+    return None
+
+
+def render_client(result: dict, peer: bool) -> list[str]:
+    title = "Client call cost"
+    if (err := _error_section(title, result)):
+        return err
+    runs = result["runs"]
+    out = [title,
+           "One rank's `RankMonitorClient` connected to a real rank monitor (`RankMonitorServer.run_in_subprocess`); "
+           "each call is timed on its own (`perf_counter_ns`, timer overhead subtracted), "
+           f"{runs['ours'][0].get('calls', '') or 'N'} calls per kind per run after a warm-up; the table gives, over "
+           f"{len(runs['ours'])} runs, the median of each run's median and p99. Ours stores into shared memory; "
+           "NVRx sends a message and waits for the monitor's reply.",
+           ""]
+    head = "| call | ours median | ours p99 |"
+    sep = "| --- | --- | --- |"
+    if peer:
+        head += " NVRx median | NVRx p99 | NVRx / ours (median) | NVRx / ours (p99) |"
+        sep += " --- | --- | --- | --- |"
+    out += [head, sep]
+    for call, label in (("heartbeat", "`send_heartbeat()`"), ("section_pair", "`start_section()` + `end_section()`")):
+        o_med = [r[call]["median_us"] for r in runs["ours"]]
+        o_p99 = [r[call]["p99_us"] for r in runs["ours"]]
+        row = f"| {label} | {of(o_med, 2, unit='µs')} | {of(o_p99, 2, unit='µs')} |"
+        if peer:
+            p_med = [r[call]["median_us"] for r in runs["nvrx"]]
+            p_p99 = [r[call]["p99_us"] for r in runs["nvrx"]]
+            row += (f" {of(p_med, 1, unit='µs')} | {of(p_p99, 1, unit='µs')} | {ratio_cell(p_med, o_med, 0)} |"
+                    f" {ratio_cell(p_p99, o_p99, 0)} |")
+        out.append(row)
+    out.append("")
+    return out
+
+
+def render_hang(result: dict, peer: bool) -> list[str]:
+    title = "Hang detection latency past the timeout"
+    if (err := _error_section(title, result)):
+        return err
+    samples = result["samples_s"]
+    out = [title,
+           f"A real monitor and a real rank: the rank sends heartbeats, then stops. Latency = the moment the "
+           f"benchmark sees the rank die − (last heartbeat + `rank_heartbeat_timeout` = {result['timeout_s']:g} s): "
+           "the monitor's wake-up, `SIGKILL` and process exit. Every other setting is the default "
+           "(`workload_check_interval` 5 s: NVRx checks on that interval, ours sleeps until the deadline). "
+           "Each run is a new monitor and rank.",
+           "",
+           "| tool | runs | latency past the timeout |" + (" NVRx − ours (medians) |" if peer else ""),
+           "| --- | --- | --- |" + (" --- |" if peer else "")]
+    ours_med = med(samples["ours"])
+    for impl, label in (("ours", "ours"), ("nvrx", "NVRx")):
+        if impl not in samples:
+            continue
+        row = f"| {label} | {len(samples[impl])} | {of(samples[impl], 3, unit='s')} |"
+        if peer:
+            row += (f" +{med(samples['nvrx']) - ours_med:.2f} s |" if impl == "nvrx" and ours_med is not None else " |")
+        out.append(row)
+    out.append("")
+    return out
+
+
+def render_restart(result: dict, peer: bool) -> list[str]:
+    title = "Restart: worker failure → replacements started → process group ready"
+    if (err := _error_section(title, result)):
+        return err
+    any_tool = next(iter(result.values()))
+    out = [title,
+           f"A 2-rank job (`bench/restart_worker.py`): rank 1 exits with code 1 right after the gloo group "
+           f"formed; the launcher restarts the group. {any_tool['runs']} runs × {any_tool['crashes_per_run']} "
+           "crashes per tool, tools alternating run by run. *Started*: crash → the last replacement worker "
+           "runs its first Python statement. *Ready*: crash → `init_process_group` + one `all_reduce` done "
+           "in all new workers. `--monitor-interval 0.1` and spare `--max-restarts` for every launcher, "
+           "otherwise defaults, except that torchrun gets `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (ours "
+           "sets it itself): with torch's default, restarted gloo groups here read the previous round's "
+           "peer addresses and fail (\"Connection refused\") or hang (`restart_latency.py --tools "
+           "torchrun_default` shows it). *Unplanned restarts*: restarts beyond the planned crashes (a "
+           "restarted group that failed to form). "
+           "Ratios pair each run's median with the neighbouring run of ft_launcher (warm).",
+           "",
+           "| tool | → replacements started | → process group ready | ready: tool / ft_launcher | "
+           "unplanned restarts | failed runs | processes left behind |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    base = result.get("ft_launcher")
+    labels = {"ft_launcher": "ft_launcher (ours, warm restarts)",
+              "ft_launcher_cold": "ft_launcher --no-warm-restarts (ours)",
+              "torchrun": "torchrun (`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`)",
+              "torchrun_default": "torchrun (defaults)", "nvrx": "NVRx 0.4.1 ft_launcher"}
+    for tool in ("ft_launcher", "ft_launcher_cold", "torchrun", "torchrun_default", "nvrx"):
+        if tool not in result:
+            continue
+        r = result[tool]
+        ratio = "-"
+        if base and tool != "ft_launcher":
+            ratio = ratio_cell([m[1] for m in r["per_run_medians_s"]], [m[1] for m in base["per_run_medians_s"]], 1)
+        out.append(f"| {labels[tool]} | {fmt_range(r['failure_to_processes_started_s'], 2, unit='s')} | "
+                   f"{fmt_range(r['failure_to_process_group_ready_s'], 2, unit='s')} | {ratio} | "
+                   f"{r['unplanned_restarts']} | {len(r['failed_runs'])}"
+                   f"{' (' + ', '.join(map(str, r['failed_runs'])) + ')' if r['failed_runs'] else ''} | "
+                   f"{r.get('processes_left_behind', '-')} |")
+    out.append("")
+    return out
+
+
+def render_footprint(result: dict, peer: bool) -> list[str]:
+    title = "Footprint: memory per process, monitor CPU at 10 heartbeats/s"
+    if (err := _error_section(title, result)):
+        return err
+    runs = result["runs"]
+    reps = len(next(iter(runs.values())))
+    window = next(iter(runs.values()))[0]["window_s"]
+    out = [title,
+           f"A real launcher with 2 workers (`bench/monitor_footprint.py`), measured after one restart (so "
+           f"ours runs its warm template, trampolines and forked workers), while each worker sends 10 "
+           f"heartbeats/s for {window:.0f} s; {reps} runs per tool. Memory from `/proc/<pid>/smaps_rollup` "
+           "in MB (10⁶ bytes): **RSS** (resident), **PSS** (shared pages divided among the processes "
+           "mapping them: the figures add up), **USS** (private: freed when the process ends). A forked "
+           "process shares its parent's pages: NVRx forks its monitors from the launcher, ours forks the "
+           "workers from the template, so compare PSS and the totals. Monitor CPU: its threads' time on "
+           "CPU (`schedstat`) over the window, per minute, each monitor of each run.",
+           "",
+           "| tool | process | count | RSS MB | PSS MB | USS MB |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    labels = {"ours": "ours (warm restarts)", "ours_cold": "ours --no-warm-restarts", "torchrun": "torchrun",
+              "nvrx": "NVRx 0.4.1"}
+    roles = ("launcher", "monitor", "warm_template", "trampoline", "worker")
+    totals = []
+    for tool in ("ours", "ours_cold", "torchrun", "nvrx"):
+        if tool not in runs:
+            continue
+        for role in roles:
+            entries = [p for r in runs[tool] for p in r["processes"] if p["role"] == role]
+            if not entries:
+                continue
+            count = round(len(entries) / len(runs[tool]))
+            cells = " | ".join(of([p[k] for p in entries], 1, 1 / 1000) for k in ("rss_kb", "pss_kb", "uss_kb"))
+            out.append(f"| {labels[tool]} | {role.replace('_', ' ')}{' (each)' if count > 1 else ''} | {count} | {cells} |")
+        ft = [sum(p["pss_kb"] for p in r["processes"] if p["role"] != "worker") for r in runs[tool]]
+        node = [sum(p["pss_kb"] for p in r["processes"]) for r in runs[tool]]
+        cpu = [c for r in runs[tool] for c in r["monitor_cpu_s_per_min_at_10hz"]]
+        totals.append((labels[tool], ft, node, cpu))
+    out += ["", "| tool | PSS of launcher + monitors + template + trampolines | PSS of all, with the 2 workers | "
+            "monitor CPU per minute at 10 Hz (each) |", "| --- | --- | --- | --- |"]
+    for label, ft, node, cpu in totals:
+        out.append(f"| {label} | {of(ft, 0, 1 / 1000, 'MB')} | {of(node, 0, 1 / 1000, 'MB')} | "
+                   f"{of(cpu, 3, 1.0, 's') if cpu else '- (no monitor)'} |")
+    out.append("")
+    return out
+
+
+def render_lightning(result: dict, peer: bool) -> list[str]:
+    title = "Lightning step overhead of each callback"
+    if (err := _error_section(title, result)):
+        return err
+    runs = result["runs"]
+    first = runs["ours"][0]["results"][0]
+    out = [title,
+           f"One process, one `Trainer.fit` of BoringModel on CPU (`bench/lightning_overhead.py`): the callback "
+           f"is taken out of `trainer.callbacks` and put back in alternating single-step blocks (ABBA), "
+           f"{first['cpu']['pairs']} block pairs per callback per run, connected to a real monitor all along; "
+           "added time per step = median over pairs of (with − without). *Wall* is what the step loses "
+           "(NVRx's calls wait for the monitor's reply, which needs a CPU); *CPU* is the training thread's "
+           "CPU time, which other processes disturb less. An empty `Callback` is the reference: Lightning "
+           f"itself spends that much calling a callback's per-step hooks. {len(runs['ours'])} runs per tool, "
+           "alternating.",
+           "",
+           "| callback | tool | added wall µs/step | added CPU µs/step | own hook code µs/step (hot loop) | step without it, CPU µs |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    labels = {"empty": "empty `Callback`", "heartbeats": "`FaultToleranceCallback`",
+              "sections": "`FaultToleranceSectionsCallback`"}
+    values: dict[tuple[str, str], list[dict]] = {}
+    for impl, impl_runs in runs.items():
+        for run in impl_runs:
+            for r in run["results"]:
+                values.setdefault((r["callback"], impl), []).append(r)
+    for callback in ("empty", "heartbeats", "sections"):
+        for impl in ("ours", "nvrx"):
+            rs = values.get((callback, impl))
+            if not rs or (callback == "empty" and impl == "nvrx"):
+                continue
+            own = [r["own_hook_code_us_per_step"] for r in rs if r["own_hook_code_us_per_step"] is not None]
+            out.append(f"| {labels[callback]} | {'NVRx' if impl == 'nvrx' else 'ours'} | "
+                       f"{of([r['wall']['added_us_per_step_median'] for r in rs], 1)} | "
+                       f"{of([r['cpu']['added_us_per_step_median'] for r in rs], 1)} | "
+                       f"{of(own, 2) if own else '-'} | "
+                       f"{of([r['cpu']['step_us_without_callback_median'] for r in rs], 0)} |")
+    if peer:
+        out += ["", "| callback | added wall: NVRx / ours | added wall: NVRx − ours |", "| --- | --- | --- |"]
+        for callback in ("heartbeats", "sections"):
+            o = [r["wall"]["added_us_per_step_median"] for r in values.get((callback, "ours"), [])]
+            p = [r["wall"]["added_us_per_step_median"] for r in values.get((callback, "nvrx"), [])]
+            diffs = [b - a for a, b in zip(o, p, strict=False)]
+            out.append(f"| {labels[callback]} | {ratio_cell(p, o, 0)} | {of(diffs, 0, unit='µs')} |")
+        out.append("")
+        out.append("(A ratio is unstable when ours adds next to nothing: the difference is the robust figure.)")
+    out.append("")
+    return out
+
+
+def render_goodput(result: dict, peer: bool) -> list[str]:
+    title = "Goodput under faults"
+    if (err := _error_section(title, result)):
+        return err
+    s = result["settings"]
+    tools = result["tools"]
+    out = [title,
+           f"A 2-rank Lightning DDP job on CPU (`bench/goodput_train.py`: BoringModel, {s['step_time'] * 1000:.0f} ms "
+           f"of sleep per step standing in for compute, gloo) trains {s['max_steps']} steps with a checkpoint every "
+           f"{s['checkpoint_every']} steps, under `scripts/autoresume.sh --mode local` and each tool's "
+           f"`ft_launcher` (`--max-restarts` covers every fault: the launcher's in-job restarts handle them, "
+           f"autoresume.sh ends the job when the finished flag appears and would start a new launcher if "
+           f"restarts ran out). Rank 1 makes {s['max_faults']} faults, one after every {s['fault_every']:g} s "
+           f"of training of its process, alternately a hang (`SIGSTOP`) and a kill (`SIGKILL`). Equal timeouts: "
+           f"first heartbeat 60 s, then `rank_heartbeat_timeout` {s['hb_timeout']:g} s; other settings default. "
+           f"{s['runs']} runs with faults and {s['baseline_runs']} without per tool, alternating.",
+           "",
+           "- **goodput** = useful step time / wall time (autoresume.sh start → exit). Useful step time: for each "
+           "of the steps the final model descends from (the last completion of each step), its duration; "
+           "everything else — start-up, imports, checkpoints, detection, restarts, steps redone after a "
+           "restart — is lost time.",
+           "(A checkpoint save lands in the duration of the step after it: milliseconds here. The absolute "
+           "goodput belongs to this small job, whose start-up is long next to its training; the comparison "
+           "between tools is the point.)",
+           "- **time to recover** = fault → first training step completed by the replacement processes. "
+           "Split: fault → replacement processes started (detection, stopping, restarting) and the rest "
+           "(interpreter, imports, Lightning and DDP set-up, checkpoint load, one step).",
+           "",
+           "| tool | goodput with faults | goodput without faults | wall time with faults | "
+           "mean time to recover | hang: time to recover | hang: → processes started | kill: time to recover | "
+           "kill: → processes started | faults recovered | unplanned restarts |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for tool, label in (("ours", "ours"), ("ours_cold", "ours --no-warm-restarts"), ("nvrx", "NVRx 0.4.1")):
+        if tool not in tools:
+            continue
+        f, b = tools[tool]["with_faults"], tools[tool]["fault_free"]
+        out.append(f"| {label} | {fmt_range(f['goodput'], 3)} | {fmt_range(b['goodput'], 3)} | "
+                   f"{fmt_range(f['wall_s'], 1, unit='s')} | {fmt_range(f['mttr_s'], 2, unit='s')} | "
+                   f"{fmt_range(f['mttr_hang_s'], 2, unit='s')} | "
+                   f"{fmt_range(f['to_process_started_hang_s'], 2, unit='s')} | "
+                   f"{fmt_range(f['mttr_kill_s'], 2, unit='s')} | {fmt_range(f['to_process_started_kill_s'], 2, unit='s')} | "
+                   f"{f['faults_recovered']}/{f['faults_injected']} | {f['unplanned_restarts']} |")
+    out += ["", "Where the time of a run goes (runs without faults, then with faults):", "",
+            "| tool | faults | wall time | useful step time | autoresume.sh start → first step | last step → exit "
+            "| of which rank 0's `fit` returned → exit |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for tool, label in (("ours", "ours"), ("ours_cold", "ours --no-warm-restarts"), ("nvrx", "NVRx 0.4.1")):
+        if tool not in tools:
+            continue
+        for key, faults in (("fault_free", "none"), ("with_faults", str(s["max_faults"]))):
+            f = tools[tool][key]
+            out.append(f"| {label} | {faults} | {fmt_range(f['wall_s'], 1, unit='s')} | "
+                       f"{fmt_range(f.get('useful_step_s'), 1, unit='s')} | "
+                       f"{fmt_range(f.get('start_to_first_step_s'), 1, unit='s')} | "
+                       f"{fmt_range(f.get('last_step_to_exit_s'), 1, unit='s')} | "
+                       f"{fmt_range(f.get('fit_returned_to_exit_s'), 1, unit='s')} |")
+    left = {tool: sum(r.get("processes_left_behind", 0) for r in v["runs"] + v["baseline_runs"])
+            for tool, v in tools.items()}
+    out += ["", "Processes still alive after autoresume.sh exited (the harness kills them): " +
+            ", ".join(f"{'NVRx' if t == 'nvrx' else t} {n}" for t, n in left.items()) + "."]
+    if peer and "nvrx" in tools and "ours" in tools:
+        o_runs, p_runs = tools["ours"]["runs"], tools["nvrx"]["runs"]
+        out += ["", "| paired runs with faults | NVRx / ours |", "| --- | --- |",
+                f"| wall time | {ratio_cell([r['wall_s'] for r in p_runs], [r['wall_s'] for r in o_runs], 2)} |",
+                f"| goodput (ours / NVRx) | {ratio_cell([r['goodput'] for r in o_runs], [r['goodput'] for r in p_runs], 2)} |",
+                f"| mean time to recover | {ratio_cell([r['mttr_s'] for r in p_runs], [r['mttr_s'] for r in o_runs], 1)} |"]
+    out.append("")
+    return out
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer-python", default=None, help="python of the venv with NVRx (make bench-peer)")
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
+    parser.add_argument("--quick", action="store_true", help="few, short repetitions (a functional check)")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
+    parser.add_argument("--results-dir", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--note", action="append", default=[], help="a remark printed at the top of the page")
+    parser.add_argument("--render-only", type=Path, default=None, help="re-render the page from a results file")
+    args = parser.parse_args()
+
+    if args.render_only:
+        data = json.loads(args.render_only.read_text())
+        args.out.write_text(render(data))
+        print(f"run_all: wrote {args.out}")
+        return 0
+    if args.peer_python and not Path(args.peer_python).exists():
+        parser.error(f"--peer-python {args.peer_python!r} does not exist (make bench-peer creates .venv-peer)")
+
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    logs = args.results_dir / "logs" / stamp
+    logs.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="ftb"))
+    become_subreaper()
+    ctx = Context(args, work, logs)
+    started = time.monotonic()
+    meta: dict[str, Any] = {"date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+                            "quick": args.quick, "notes": list(args.note)}
+    try:
+        machine = machine_info(ctx)
+        meta["busy_before"] = busy_fraction(3.0)
+        results: dict[str, Any] = {}
+        for scenario in args.only:
+            t0 = time.monotonic()
+            print(f"run_all: {scenario} ...", flush=True)
+            try:
+                results[scenario] = RUNNERS[scenario](ctx)
+            except Exception as exc:  # one broken scenario must not lose the others' figures
+                results[scenario] = {"error": str(exc)}
+                print(f"run_all: {scenario} FAILED: {exc}", flush=True)
+            print(f"run_all: {scenario} took {time.monotonic() - t0:.0f} s", flush=True)
+        meta["busy_after"] = busy_fraction(3.0)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    meta["wall_s"] = time.monotonic() - started
+    meta["commands"] = ctx.commands
+    busiest = max(meta["busy_before"], meta["busy_after"])
+    if busiest > 0.15:
+        meta["notes"].append(f"other processes kept the CPUs {busiest * 100:.0f}% busy around this run "
+                             "(see the machine table): absolute figures are inflated, ratios less so.")
+    data = {"machine": machine, "meta": meta, "results": results}
+    raw = args.results_dir / f"{stamp}.json"
+    raw.write_text(json.dumps(data, indent=1))
+    args.out.write_text(render(data))
+    print(f"run_all: wrote {args.out} and {raw} in {meta['wall_s'] / 60:.1f} min", flush=True)
+    failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("error") and len(v) == 1]
+    if failed:
+        print(f"run_all: scenarios that failed: {', '.join(failed)} (logs in {logs})", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
