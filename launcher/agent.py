@@ -41,7 +41,7 @@ from launcher import processes
 from launcher.control_server import ControlServer, ReceivedRequest
 from launcher.events import EventLog, FailureRecord
 from launcher.monitors import MonitorPool
-from launcher.warm import ZYGOTE_SOCKET_ENV, WarmTemplate, warm_entrypoint
+from launcher.warm import ZYGOTE_SOCKET_ENV, WarmTemplate, warm_entrypoint, warm_start_delay
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class FaultTolerantAgent(LocalElasticAgent):
                                 exit_code=exit_code)
         warm_ready = False
         if self._warm is not None:
-            exit_code = self._warm.replace_if_dead()
+            exit_code = self._warm.forget_if_dead()
             if exit_code is not None:
                 self._events.record("warm_template_replaced", cycle=self.cycle, exit_code=exit_code)
             was_ready = self._warm.status is not None
@@ -226,8 +226,18 @@ class FaultTolerantAgent(LocalElasticAgent):
             selector.select(self._poll_interval)
         self._control.clear_notify()
 
+    def _maybe_start_warm_template(self) -> None:
+        """Start the template once this cycle's workers are up (see :mod:`launcher.warm`)."""
+        warm = self._warm
+        if warm is None or warm.started:
+            return
+        if not self._awaiting_ready or time.monotonic() >= self._cycle_started_at + warm_start_delay():
+            warm.start()
+            self._events.record("warm_template_started", cycle=self.cycle, pid=warm.pid)
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         self._wait_for_activity()
+        self._maybe_start_warm_template()
         if self._unhealthy_wait is not None:
             return self._wait_while_unhealthy(worker_group)
         # A worker that failed before torch's poll: stop the others ourselves (fast) and

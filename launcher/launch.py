@@ -103,11 +103,8 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, parser: argpa
             run_id=config.run_id, config=ft_cfg.to_dict(), entrypoint=str(entrypoint),
         )
         rdzv_handler = _rendezvous_handler(config)
-        if warm is not None:
-            warm.start()  # imports torch in parallel with everything below
         monitors.start()
-        events.record("monitors_started", monitor_pids=monitors.pids(),
-                      warm_template_pid=warm.pid if warm is not None else None)
+        events.record("monitors_started", monitor_pids=monitors.pids())
         control = ControlServer(os.path.join(run_dir, "launcher.sock"))
         agent = _build_agent(config, entrypoint, entry_args, rdzv_handler, ft_cfg, monitors, control,
                              events, int(shutdown_timeout), on_workers_started=signals.reinstall, warm=warm)

@@ -2,10 +2,14 @@
 
 With warm restarts on (the default for Python entry points), every worker is started through
 :mod:`launcher.trampoline`, which has the template fork the real worker with torch already
-imported; a restart then costs a fork instead of an interpreter start and ``import torch``. The
-template is started at launch without waiting for it (its first import takes seconds); until it
-is ready, and whenever it is gone, trampolines fall back to the plain cold start. A template that
-dies is replaced before the next cycle.
+imported; a restart then costs a fork instead of an interpreter start and ``import torch``.
+
+The template's own imports take seconds of CPU. Started together with a cycle's workers, it would
+compete with their imports on a small machine (measured on 2 cores: first step 4 s later), so the
+agent starts it only once the cycle's workers are up (all connected to their monitors) or
+:data:`START_DELAY` seconds after they started, whichever comes first. Until it is ready, and
+whenever it is gone, trampolines fall back to the plain cold start. A template that dies is
+replaced the same way in the next cycle.
 """
 
 from __future__ import annotations
@@ -25,6 +29,16 @@ TRAMPOLINE = os.path.join(LAUNCHER_DIR, "trampoline.py")
 ZYGOTE = os.path.join(LAUNCHER_DIR, "zygote.py")
 ZYGOTE_SOCKET_ENV = "FT_WARM_TEMPLATE_SOCKET"
 STOP_TIMEOUT = 5.0
+START_DELAY = 20.0
+"""Start the template at the latest this long after a cycle's workers started."""
+
+
+def warm_start_delay() -> float:
+    """:data:`START_DELAY`, or ``FT_LAUNCHER_WARM_START_DELAY`` seconds when set."""
+    try:
+        return float(os.environ.get("FT_LAUNCHER_WARM_START_DELAY", START_DELAY))
+    except ValueError:
+        return START_DELAY
 
 
 def warm_entrypoint(entrypoint: object, args: tuple) -> tuple[str, tuple] | None:
@@ -88,18 +102,23 @@ class WarmTemplate:
                             logger.warning("warm template could not preload %s", failure)
         return self.status
 
+    @property
+    def started(self) -> bool:
+        return self._process is not None
+
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def replace_if_dead(self) -> int | None:
-        """Restart a template that exited; return its exit code (None if it was fine)."""
+    def forget_if_dead(self) -> int | None:
+        """Drop a template that exited, so that it is started again; return its exit code."""
         if self._process is None or self.alive():
             return None
         code = self._process.returncode
-        logger.warning("the warm template exited (code %s); starting a new one, workers start cold until "
-                       "it is ready", code)
+        logger.warning("the warm template exited (code %s); workers start cold until a new one is ready", code)
         self._close_ready_fd()
-        self.start()
+        self._process = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
         return code
 
     def stop(self) -> None:
