@@ -315,6 +315,9 @@ class FaultTolerantAgent(LocalElasticAgent):
     def _failure_records(self, worker_group: WorkerGroup, result: RunResult) -> list[FailureRecord]:
         """Turn torch's failures into records; root causes first."""
         by_rank = {w.global_rank: w for w in worker_group.workers}
+        # torch's own poll SIGTERMs the survivors when it sees a failure we had not peeked yet;
+        # a SIGTERM beside any other cause is that consequence, not a second root cause.
+        other_causes = any(f.exitcode != -signal.SIGTERM for f in result.failures.values())
         records = []
         for global_rank, failure in result.failures.items():
             worker = by_rank.get(global_rank)
@@ -327,7 +330,7 @@ class FaultTolerantAgent(LocalElasticAgent):
                               elapsed=hang["elapsed"], timeout=hang["timeout"], signal=hang["signal"])
                 detected_at = hang["detected_at"]
             else:
-                if failure.pid in self._stopped_by_us:
+                if failure.pid in self._stopped_by_us or (failure.exitcode == -signal.SIGTERM and other_causes):
                     kind = "terminated"
                     cause = f"stopped after another worker failed ({_exit_text(failure.exitcode)})"
                 elif failure.exitcode < 0:

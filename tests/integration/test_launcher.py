@@ -12,7 +12,14 @@ import signal
 import time
 from pathlib import Path
 
-from tests.launcher_util import WORKER, events_of, read_events, records, run_launcher, start_launcher
+from tests.launcher_util import (
+    WORKER,
+    events_of,
+    read_events,
+    records,
+    run_launcher,
+    start_launcher,
+)
 
 
 def base_args(tmp_path: Path, *extra: str, nproc: int = 2) -> list[str]:
@@ -60,7 +67,7 @@ def test_hang_is_detected_and_the_group_restarts_to_success(tmp_path):
     recs = records(tmp_path)
     assert set(recs) == {(0, 0), (0, 1), (1, 0), (1, 1)}
     sockets = {recs[(1, r)]["env"]["FT_RANK_MONITOR_IPC_SOCKET"] for r in (0, 1)}
-    assert len(sockets) == 2 and all(s.endswith(f"r{r}.sock") for r, s in zip((0, 1), sorted(sockets)))
+    assert len(sockets) == 2 and all(s.endswith(f"r{r}.sock") for r, s in zip((0, 1), sorted(sockets), strict=True))
     assert recs[(0, 0)]["env"]["FT_RANK_MONITOR_IPC_SOCKET"] == recs[(1, 0)]["env"]["FT_RANK_MONITOR_IPC_SOCKET"]
     assert recs[(1, 1)]["env"]["FAULT_TOL_FINISHED_FLAG_FILE"] == str(flag)
     assert recs[(1, 1)]["env"]["FT_LAUNCHER_IPC_SOCKET"].endswith("launcher.sock")

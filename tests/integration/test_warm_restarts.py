@@ -7,7 +7,14 @@ import os
 import signal
 from pathlib import Path
 
-from tests.launcher_util import WORKER, events_of, read_events, records, run_launcher, start_launcher
+from tests.launcher_util import (
+    WORKER,
+    events_of,
+    read_events,
+    records,
+    run_launcher,
+    start_launcher,
+)
 
 PROBE = str(Path(__file__).resolve().parent.parent / "workers" / "warm_probe.py")
 

@@ -59,6 +59,8 @@ def test_a_running_launcher_is_closed_to_other_users(tmp_path):
         sockets = {"monitor": record["monitor_socket"], "control": record["control_socket"],
                    "warm template": os.path.join(run_dir, "warm.sock")}
         assert os.path.dirname(sockets["monitor"]) == run_dir, sockets
+        # the template starts once every worker of the cycle is up, a moment after the first one
+        wait_for(lambda: os.path.exists(sockets["warm template"]), 60, "the warm template's socket")
         info = os.stat(run_dir)
         assert stat.S_IMODE(info.st_mode) == 0o700 and info.st_uid == os.getuid()
         for name, path in sockets.items():

@@ -3,7 +3,13 @@
 import pytest
 
 from ft_core.errors import TimeoutsCalcError
-from ft_core.timeouts import MIN_CALCULATED_TIMEOUT, HeartbeatTimeouts, SectionTimeouts, TimeoutsCalc, blend
+from ft_core.timeouts import (
+    MIN_CALCULATED_TIMEOUT,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    TimeoutsCalc,
+    blend,
+)
 
 
 def test_heartbeat_timeouts_need_two_heartbeats():
