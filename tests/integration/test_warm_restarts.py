@@ -51,6 +51,8 @@ def test_warm_started_workers_look_like_fresh_interpreters(tmp_path):
         assert probe["imports"] == [probe["pid"]]  # module state is fresh
         assert probe["sid"] == probe["pid"]  # own session, like torchrun's workers
         assert probe["local_rank"] == str(rank) and probe["socket"].endswith(f"r{rank}.sock")
+        # the template imports at the lowest priority, but its workers run at the launcher's
+        assert probe["niceness"] == os.getpriority(os.PRIO_PROCESS, 0)
         if cycle in warm_cycles:
             assert probe["torch_loaded_at_start"] is True  # forked from the template
     for cycle in warm_cycles:

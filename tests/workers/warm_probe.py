@@ -27,6 +27,7 @@ atomic_write_text(os.path.join(sys.argv[1], f"probe_c{cycle}_r{rank}.json"), jso
     "local_rank": os.environ["LOCAL_RANK"],
     "socket": os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"),
     "torch_loaded_at_start": "torch" in sys.modules,
+    "niceness": os.getpriority(os.PRIO_PROCESS, 0),
 }))
 if cycle == 0 and len(sys.argv) > 4 and sys.argv[4] == "wait-template":
     # Give the launcher's template time to finish importing torch, so later cycles are warm.
