@@ -305,26 +305,32 @@ class FaultToleranceIntegration:
         self._setup_open = False
         self._setup_closed_by_step = True
 
+    def _begin_step(self, client: RankMonitorClient, iters_so_far: int) -> None:
+        if self._setup_open:
+            self._close_setup(client)
+        if iters_so_far >= self._num_warmup_iters and not self._step_open:
+            client.start_section(SECTION_STEP)
+            self._step_open = True
+
+    def _finish_step(self, client: RankMonitorClient) -> None:
+        if self._step_open:
+            client.end_section(SECTION_STEP)
+            self._step_open = False
+
     def on_training_step_start(self) -> None:
         """A training step begins: close ``setup``; open ``step`` after the warm-up steps."""
         client = self._client
         if client is None:
             return
-        if self._setup_open:
-            self._close_setup(client)
         self._eval_iters = 0  # training resumed: the next evaluation run warms up again
-        if self._train_iters >= self._num_warmup_iters and not self._step_open:
-            client.start_section(SECTION_STEP)
-            self._step_open = True
+        self._begin_step(client, self._train_iters)
 
     def on_training_step_end(self) -> None:
         """A training step ended: close ``step`` if it was opened."""
         client = self._client
         if client is None:
             return
-        if self._step_open:
-            client.end_section(SECTION_STEP)
-            self._step_open = False
+        self._finish_step(client)
         self._train_iters += 1
 
     def on_eval_step_start(self) -> None:
@@ -332,20 +338,14 @@ class FaultToleranceIntegration:
         client = self._client
         if client is None:
             return
-        if self._setup_open:
-            self._close_setup(client)
-        if self._eval_iters >= self._num_warmup_iters and not self._step_open:
-            client.start_section(SECTION_STEP)
-            self._step_open = True
+        self._begin_step(client, self._eval_iters)
 
     def on_eval_step_end(self) -> None:
         """An evaluation step ended: close ``step`` if it was opened."""
         client = self._client
         if client is None:
             return
-        if self._step_open:
-            client.end_section(SECTION_STEP)
-            self._step_open = False
+        self._finish_step(client)
         self._eval_iters += 1
 
     # ------------------------------------------------------------------ checkpoints

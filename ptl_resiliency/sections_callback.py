@@ -129,30 +129,34 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
         self._setup_open = False
         self._setup_ended_by_batch = True
 
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        """Open ``step`` (closing ``setup`` at the first batch)."""
-        client = self._client
-        if client is None:
-            return
+    def _open_step(self, client: RankMonitorClient) -> None:
         if self._setup_open:
             self._end_setup(client)
         if not self._step_open:
             client.start_section(SECTION_STEP)
             self._step_open = True
 
+    def _close_step(self, client: RankMonitorClient) -> None:
+        if self._step_open:
+            client.end_section(SECTION_STEP)
+            self._step_open = False
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """Open ``step`` (closing ``setup`` at the first batch)."""
+        client = self._client
+        if client is not None:
+            self._open_step(client)
+
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Close ``step``."""
         client = self._client
-        if client is None:
-            return
-        self._train_iters += 1
-        if self._step_open:
-            client.end_section(SECTION_STEP)
-            self._step_open = False
+        if client is not None:
+            self._train_iters += 1
+            self._close_step(client)
 
     def on_validation_batch_start(
         self,
@@ -164,13 +168,8 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
     ) -> None:
         """Open ``step`` for a validation batch (closing ``setup`` at the first batch)."""
         client = self._client
-        if client is None:
-            return
-        if self._setup_open:
-            self._end_setup(client)
-        if not self._step_open:
-            client.start_section(SECTION_STEP)
-            self._step_open = True
+        if client is not None:
+            self._open_step(client)
 
     def on_validation_batch_end(
         self,
@@ -183,16 +182,14 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
     ) -> None:
         """Close ``step``."""
         client = self._client
-        if client is not None and self._step_open:
-            client.end_section(SECTION_STEP)
-            self._step_open = False
+        if client is not None:
+            self._close_step(client)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Close a ``step`` left open by a batch that ended the epoch early (hook returned -1)."""
         client = self._client
-        if client is not None and self._step_open:
-            client.end_section(SECTION_STEP)
-            self._step_open = False
+        if client is not None:
+            self._close_step(client)
 
     # ------------------------------------------------------------------ checkpointing
 
