@@ -343,8 +343,7 @@ def render(data: dict) -> str:
     add(f"| other load on the machine | CPUs {meta['busy_before'] * 100:.0f}% busy just before the run, "
         f"{meta['busy_after'] * 100:.0f}% just after (3 s samples, while no benchmark ran) |")
     add("")
-    add("How to reproduce: `make bench` (ours and torchrun; 9 min on this 2-core machine kind, measured "
-        "while it was loaded) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
+    add("How to reproduce: `make bench` (ours and torchrun; about 9 min on this 2-core machine kind) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
         "on first use, 1.5 min; 16 min) regenerate this page; `make bench BENCH_ARGS='--only restart goodput'` runs some scenarios, "
         "`BENCH_ARGS=--quick` a short functional run. Each section lists the exact commands it ran: every "
         "script in `bench/` prints its figures on its own (as JSON with `--json`, as text without). Raw "
@@ -378,10 +377,12 @@ def render(data: dict) -> str:
             add("```")
             add("")
     if peer:
-        add("## Reference: NVRx figures from a quiet machine")
+        add("## Reference: the NVRx figures quoted in the issue")
         add("")
-        add("Measured earlier on this machine kind with NVRx 0.4.1 while it was idle (issue 7), to judge how "
-            "much a loaded run inflates the absolute figures above: heartbeat 65 µs, section pair 156 µs; "
+        add("Measured on this machine kind with NVRx 0.4.1 when the benchmark issue (7) was filed, on another "
+            "machine of the kind and another day; they differ from the NVRx figures above (most: the client "
+            "calls, which wait for another process to be scheduled), so compare tools only within one run: "
+            "heartbeat 65 µs, section pair 156 µs; "
             "hang detection 2.0 s past the timeout (default settings: uniform over the 5 s check interval); "
             "failure → new processes 0.44 s (torchrun 0.37 s); failure → gloo group ready 3.0 s (torchrun "
             "2.9 s, of which ~2.3 s is `import torch` in the new workers); monitor RSS 157 MB; Lightning "
