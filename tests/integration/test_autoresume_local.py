@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +24,8 @@ import pytest
 from tests.workers.autoresume_common import (
     FT_LAUNCHER,
     SCRIPT,
-    TOKEN_ENV,
     WORKER,
+    AutoresumeRun,
     assert_no_leftovers,
     read_history,
     wait_for,
@@ -38,37 +37,17 @@ LAUNCHER_ARGS = "--standalone --nproc-per-node 1 --max-restarts 0 --monitor-inte
 
 
 @dataclass
-class LocalRun:
+class LocalRun(AutoresumeRun):
     """Where one test's script keeps things, and how to start it."""
 
-    tmp_path: Path
-    private_tmp: Path
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
     procs: list[subprocess.Popen] = field(default_factory=list)
-
-    @property
-    def run_dir(self) -> Path:
-        return self.tmp_path / "run"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.tmp_path / "worker-state"
-
-    @property
-    def flag(self) -> Path:
-        return self.run_dir / "finished.flag"
 
     @property
     def log(self) -> Path:
         return self.tmp_path / "autoresume.log"
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        for name in list(env):
-            if name.startswith(("SLURM_", "AUTORESUME_", "FT_LAUNCHER", "FAULT_TOL_")):
-                del env[name]
-        env.update({TOKEN_ENV: self.token, "TMPDIR": str(self.private_tmp), "OMP_NUM_THREADS": "1"})
-        return env
+        return self._script_env(dict(os.environ))
 
     def start(self, *script_args: str, behaviour: list[str] | None = None,
               launcher_args: str = LAUNCHER_ARGS) -> subprocess.Popen:

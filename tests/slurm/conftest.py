@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cache
@@ -25,8 +24,8 @@ import pytest
 from tests.workers.autoresume_common import (
     FT_LAUNCHER,
     SCRIPT,
-    TOKEN_ENV,
     WORKER,
+    AutoresumeRun,
     assert_no_leftovers,
     read_history,
     wait_for,
@@ -86,34 +85,14 @@ class Job:
 
 
 @dataclass
-class SlurmRun:
+class SlurmRun(AutoresumeRun):
     """One test's jobs, files and environment; see the ``slurm_run`` fixture."""
 
-    tmp_path: Path
-    private_tmp: Path
-    slurm_env: dict[str, str]
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    slurm_env: dict[str, str] = field(default_factory=dict)
     jobs: list[str] = field(default_factory=list)
 
-    @property
-    def run_dir(self) -> Path:
-        return self.tmp_path / "run"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.tmp_path / "worker-state"
-
-    @property
-    def flag(self) -> Path:
-        return self.run_dir / "finished.flag"
-
     def env(self) -> dict[str, str]:
-        env = dict(self.slurm_env)
-        for name in list(env):
-            if name.startswith(("SLURM_", "AUTORESUME_", "FT_LAUNCHER", "FAULT_TOL_")) and name != "SLURM_CONF":
-                del env[name]
-        env.update({TOKEN_ENV: self.token, "TMPDIR": str(self.private_tmp), "OMP_NUM_THREADS": "1"})
-        return env
+        return self._script_env(self.slurm_env, keep=("SLURM_CONF",))
 
     def slurm(self, *command: str, timeout: float = 30) -> str:
         proc = subprocess.run(command, env=self.env(), capture_output=True, text=True, timeout=timeout)
@@ -191,7 +170,7 @@ def slurm_run(tmp_path: Path, slurm_env: dict[str, str]) -> Iterator[SlurmRun]:
     """A SlurmRun whose jobs are cancelled at the end, and which fails the test if a process it
     started is still alive then or a file is left in its private TMPDIR."""
     private_tmp = Path(tempfile.mkdtemp(prefix="ar-"))
-    run = SlurmRun(tmp_path, private_tmp, slurm_env)
+    run = SlurmRun(tmp_path, private_tmp, slurm_env=slurm_env)
     try:
         yield run
         run.cancel_all()

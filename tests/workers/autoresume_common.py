@@ -7,8 +7,9 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -31,6 +32,34 @@ class Attempt:
     flag: str
     failures: int
     decision: str
+
+
+@dataclass
+class AutoresumeRun:
+    """One test's run of the script: its files and the environment its processes get."""
+
+    tmp_path: Path
+    private_tmp: Path  # the processes' TMPDIR: short (sockets live here) and checked empty after
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)  # marks the processes it starts
+
+    @property
+    def run_dir(self) -> Path:
+        return self.tmp_path / "run"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp_path / "worker-state"
+
+    @property
+    def flag(self) -> Path:
+        return self.run_dir / "finished.flag"
+
+    def _script_env(self, base: dict[str, str], keep: tuple[str, ...] = ()) -> dict[str, str]:
+        """``base`` without the job, launcher and script variables of the test's own session."""
+        env = {name: value for name, value in base.items()
+               if name in keep or not name.startswith(("SLURM_", "AUTORESUME_", "FT_LAUNCHER", "FAULT_TOL_"))}
+        env.update({TOKEN_ENV: self.token, "TMPDIR": str(self.private_tmp), "OMP_NUM_THREADS": "1"})
+        return env
 
 
 def read_history(run_dir: Path) -> list[Attempt]:
