@@ -161,9 +161,15 @@ def main(args: list[str] | None = None) -> None:
     if ns.term_timeout is not None and ns.term_timeout < 0:
         parser.error(f"--term-timeout must be >= 0, got {ns.term_timeout}")
     _configure_logging(min(ft_cfg.log_level, logging.INFO))
-    from launcher.launch import launch  # imports torch.distributed.elastic; after arg checks
+    # imports torch.distributed.elastic: only after the arguments were checked
+    from launcher.launch import launch, must_exit_without_teardown
 
     code = launch(ns, ft_cfg, parser)
+    if must_exit_without_teardown():
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

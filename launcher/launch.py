@@ -177,6 +177,19 @@ def _rendezvous_parameters(config: Any) -> RendezvousParameters:
     )
 
 
+_abandoned_threads: list[Any] = []
+
+
+def must_exit_without_teardown() -> bool:
+    """True when a helper thread was left inside torch's C++ store client.
+
+    Finalising the interpreter under such a thread aborts the process (``terminate called
+    without an active exception``, exit -6) instead of exiting with the launcher's code, so
+    :func:`launcher.cli.main` then leaves with ``os._exit`` (after :func:`launch` cleaned up).
+    """
+    return any(thread.is_alive() for thread in _abandoned_threads)
+
+
 def _rendezvous_handler(config: Any) -> Any:
     """Create the rendezvous handler, turning its failures into clear, bounded errors.
 
@@ -206,6 +219,7 @@ def _rendezvous_handler(config: Any) -> Any:
     thread.join(read_timeout + 5.0)
     endpoint = config.rdzv_endpoint or "(none)"
     if thread.is_alive():
+        _abandoned_threads.append(thread)
         raise _StartFailed(
             f"rendezvous failed: {endpoint} accepted a connection but did not answer as a c10d "
             f"store within {read_timeout + 5.0:.0f} s; is the port used by another program? "
