@@ -6,7 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 WORKER = str(Path(__file__).resolve().parent / "workers" / "ft_worker.py")
 FT_LAUNCHER = [sys.executable, "-m", "launcher"]
@@ -57,3 +60,15 @@ def records(record_dir: Path) -> dict[tuple[int, int], dict]:
         data = json.loads(path.read_text())
         found[(data["cycle"], data["rank"])] = data
     return found
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)

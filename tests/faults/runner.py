@@ -27,23 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.launcher_util import FT_LAUNCHER, launcher_env
+from tests.launcher_util import FT_LAUNCHER, launcher_env, wait_for
 
 WORKER = str(Path(__file__).resolve().parent.parent / "workers" / "faults_worker.py")
 MARKER = "FAULTS_CASE_ID"
 LEFTOVER_GRACE = 5.0
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def free_port() -> int:

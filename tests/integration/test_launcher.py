@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 from tests.launcher_util import (
@@ -19,6 +18,7 @@ from tests.launcher_util import (
     records,
     run_launcher,
     start_launcher,
+    wait_for,
 )
 
 
@@ -29,16 +29,6 @@ def base_args(tmp_path: Path, *extra: str, nproc: int = 2) -> list[str]:
 
 def worker_args(tmp_path: Path, *extra: str) -> list[str]:
     return [WORKER, "--record-dir", str(tmp_path), *extra]
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def test_hang_is_detected_and_the_group_restarts_to_success(tmp_path):

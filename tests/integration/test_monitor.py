@@ -16,6 +16,7 @@ import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorServer, protocol
 from ft_core.monitor_link import MonitorLink
+from tests.other_user import as_nobody
 
 # A poller with NVRx's default 5 s check interval would be ~2.5 s late on average; we must be
 # deadline-exact. The benchmark reports the precise figure; this bound only has to be robust
@@ -244,32 +245,12 @@ def test_socket_path_too_long_is_a_clear_error(tmp_path):
         RankMonitorServer.run_in_subprocess(FaultToleranceConfig(), "/tmp/" + "d" * 120 + "/m.sock")
 
 
-_CONNECT_AS_NOBODY = """
-import json, os, socket, sys
-os.setgid(65534); os.setuid(65534)
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.settimeout(10)
-try:
-    s.connect(sys.argv[1])
-except OSError as err:
-    print(json.dumps({"connect": err.strerror})); sys.exit(0)
-try:
-    s.sendall(b'\\x00\\x00\\x00\\x1d{"type":"init","protocol":1} ')
-    data = s.recv(100).decode("latin-1") or "<closed>"
-except ConnectionError:
-    data = "<closed>"
-print(json.dumps({"connect": "ok", "reply": data}))
-"""
-
-
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to switch to another uid")
 def test_other_users_are_refused(start_monitor, run_dir, spawn_rank):
     handle, path = start_monitor(FaultToleranceConfig())
 
     def connect_as_nobody() -> dict:
-        out = subprocess.run([sys.executable, "-c", _CONNECT_AS_NOBODY, path],
-                             capture_output=True, text=True, timeout=30, check=True)
-        return json.loads(out.stdout)
+        return as_nobody(path, b'\x00\x00\x00\x1d{"type":"init","protocol":1} ')
 
     # Layer 1: the 0700 directory keeps other users from even reaching the socket.
     assert connect_as_nobody()["connect"] == "Permission denied"

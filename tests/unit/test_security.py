@@ -25,37 +25,13 @@ import pytest
 
 from ft_core import protocol
 from launcher.control_server import ControlServer
+from tests.other_user import as_nobody
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("ft_core", "launcher", "ptl_resiliency")
 ZYGOTE = REPO / "launcher" / "zygote.py"
 TRAMPOLINE = REPO / "launcher" / "trampoline.py"
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to switch to another uid")
-
-# Connect as uid/gid 65534 (nobody), send one frame, report what happened.
-AS_NOBODY = """
-import json, os, socket, sys
-os.setgid(65534); os.setuid(65534)
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.settimeout(10)
-try:
-    s.connect(sys.argv[1])
-except OSError as err:
-    print(json.dumps({"connect": err.strerror})); sys.exit(0)
-try:
-    s.sendall(bytes.fromhex(sys.argv[2]))
-    data = s.recv(100).decode("latin-1") or "<closed>"
-except ConnectionError:
-    data = "<closed>"
-print(json.dumps({"connect": "ok", "reply": data}))
-"""
-
-
-def as_nobody(path: str, payload: bytes) -> dict:
-    out = subprocess.run([sys.executable, "-c", AS_NOBODY, path, payload.hex()],
-                         capture_output=True, text=True, timeout=30, check=True)
-    return json.loads(out.stdout)
-
 
 def request_frame(action: str = "shutdown_workload") -> bytes:
     return protocol.encode({"type": protocol.MSG_WORKLOAD_CONTROL, "action": action, "description": "x"})

@@ -14,33 +14,17 @@ import os
 import shutil
 import signal
 import stat
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from ft_core import protocol
-from tests.launcher_util import events_of, read_events, start_launcher
-from tests.unit.test_security import AS_NOBODY, request_frame
+from tests.launcher_util import events_of, read_events, start_launcher, wait_for
+from tests.other_user import as_nobody
+from tests.unit.test_security import request_frame
 
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "faults_worker.py")
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
-def nobody(path: str, payload: bytes) -> dict:
-    out = subprocess.run([sys.executable, "-c", AS_NOBODY, path, payload.hex()],
-                         capture_output=True, text=True, timeout=30, check=True)
-    return json.loads(out.stdout)
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to switch to another uid")
@@ -73,13 +57,13 @@ def test_a_running_launcher_is_closed_to_other_users(tmp_path):
         }
         # Layer 1: the directory keeps them out.
         for name, path in sockets.items():
-            assert nobody(path, hello[name])["connect"] == "Permission denied", name
+            assert as_nobody(path, hello[name])["connect"] == "Permission denied", name
         # Layer 2: with the directory and sockets opened up, each server checks the peer's uid.
         os.chmod(run_dir, 0o711)
         for path in sockets.values():
             os.chmod(path, 0o666)
         for name, path in sockets.items():
-            assert nobody(path, hello[name]) == {"connect": "ok", "reply": "<closed>"}, name
+            assert as_nobody(path, hello[name]) == {"connect": "ok", "reply": "<closed>"}, name
         os.chmod(run_dir, 0o700)
         assert proc.poll() is None
     finally:
