@@ -12,12 +12,12 @@ PYTEST_ARGS ?=
 # 2 cores well (7 min instead of 9 on this machine kind). PYTEST_WORKERS=0 runs them in-process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: venv test test-unit test-slurm demo bench bench-peer lint clean
+.PHONY: venv test test-unit test-slurm test-cluster test-cluster-locked demo bench bench-peer lint clean check-torch-versions test-torch-oldest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,lightning,plot,stacks]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -40,6 +40,32 @@ test-slurm: $(STAMP)
 	if [ $$status -ne 0 ]; then tail -n 40 '$(SLURM_DIR)'/log/*.log; fi; \
 	exit $$status
 
+# Multi-node tests on a real 3-node SLURM cluster, one network namespace per node (docs/multinode.md):
+# the cluster scripts of this machine kind (SLURM_CLUSTER_TOOLS; not vendored: they need root and
+# ip netns and are maintained with the machine image), started, tests/cluster run, stopped
+# whatever happened. Only one such cluster can run per machine: CLUSTER_LOCK serialises them.
+SLURM_CLUSTER_TOOLS ?= $(abspath $(CURDIR)/../shared/tools/slurm-cluster)
+SLURM_CLUSTER_DIR ?= /tmp/slurm-cluster
+# 4 nodes: 3-node jobs plus one spare, so that a job requeued without a failed node still fits.
+SLURM_CLUSTER_NODES ?= 4
+CLUSTER_LOCK ?= /tmp/ptlr-slurm-cluster.lock
+test-cluster: $(STAMP)
+	@if [ ! -f '$(SLURM_CLUSTER_TOOLS)/start.sh' ]; then \
+	  echo "make test-cluster: no cluster scripts in SLURM_CLUSTER_TOOLS=$(SLURM_CLUSTER_TOOLS)" \
+	       "(the multi-node slurm-cluster tools of this machine kind; set SLURM_CLUSTER_TOOLS)" >&2; exit 2; fi
+	@flock '$(CLUSTER_LOCK)' $(MAKE) --no-print-directory test-cluster-locked
+
+# test-cluster's body, run under the lock.
+test-cluster-locked:
+	@export SLURM_CLUSTER_DIR='$(SLURM_CLUSTER_DIR)' SLURM_CLUSTER_TOOLS='$(SLURM_CLUSTER_TOOLS)' \
+	  SLURM_CLUSTER_NODES='$(SLURM_CLUSTER_NODES)'; \
+	trap 'bash "$$SLURM_CLUSTER_TOOLS/stop.sh"' EXIT; trap 'exit 130' INT; trap 'exit 143' TERM; \
+	bash "$$SLURM_CLUSTER_TOOLS/start.sh" || exit 1; \
+	status=0; \
+	PTLR_CLUSTER_TESTS=1 $(PY) -m pytest -q -s -p no:cacheprovider tests/cluster $(PYTEST_ARGS) || status=$$?; \
+	if [ $$status -ne 0 ]; then tail -n 30 "$$SLURM_CLUSTER_DIR/log/slurmctld.log"; fi; \
+	exit $$status
+
 # A 2-rank Lightning run on CPU under scripts/autoresume.sh and ft_launcher: a simulated hang is
 # detected, the workers restart and resume from their checkpoint; ends with a summary.
 demo: $(STAMP)
@@ -47,7 +73,8 @@ demo: $(STAMP)
 
 # Benchmarks (bench/run_all.py): every scenario with repeated, paired runs; writes
 # docs/benchmarks.md (raw results and logs in bench/results/, git-ignored). About 9 min on this
-# 2-core machine kind. BENCH_ARGS='--quick' for a short functional run, '--only client hang' for some.
+# 2-core machine kind, plus 16 min for the soak (>= 10 min under calculated timeouts).
+# BENCH_ARGS='--quick' for a short functional run, '--only client hang' for some.
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH_ARGS)
@@ -73,6 +100,27 @@ $(PEER_STAMP): $(STAMP)
 
 bench-peer: $(STAMP) $(PEER_STAMP)
 	$(PY) bench/run_all.py --peer-python $(PEER_PY) $(BENCH_ARGS)
+
+# The static checks of tests/unit/test_torch_hooks.py (tests/torch_source_checks.py) on the
+# sources of every supported torch minor (tests/torch_versions.py): each wheel is downloaded
+# once (0.2-0.9 GB, 2-20 s each here), only torch/distributed/*.py is kept in the cache.
+TORCH_VERSIONS ?=
+TORCH_SRC_CACHE ?= $(HOME)/.cache/ptl-resiliency/torch-src
+check-torch-versions: $(STAMP)
+	$(PY) -m tests.torch_versions --cache '$(TORCH_SRC_CACHE)' $(TORCH_VERSIONS)
+
+# The launcher's tests against the oldest supported torch, in .venv-torch-oldest. Not in CI:
+# PyPI's Linux torch wheels need the CUDA libraries even on CPU, about 3 GB of downloads
+# (measured: see docs/development.md).
+TORCH_OLDEST ?= torch==2.12.1
+OLDEST_VENV ?= .venv-torch-oldest
+OLDEST_TESTS ?= tests/unit/test_torch_hooks.py tests/unit/test_launcher_cli.py tests/integration/test_launcher.py
+test-torch-oldest:
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install -q '$(TORCH_OLDEST)'
+	$(OLDEST_VENV)/bin/python -m pip install -q -e '.[dev,lightning]'
+	$(OLDEST_VENV)/bin/python -c 'import torch; print("torch", torch.__version__)'
+	$(OLDEST_VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) $(OLDEST_TESTS) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check ft_core launcher ptl_resiliency tests bench examples

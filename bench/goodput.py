@@ -54,6 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, emit, kill_descendants, summarize  # noqa: E402
+from launcher.goodput import Recovery, run_figures  # noqa: E402
 
 TRAIN = REPO / "bench" / "goodput_train.py"
 AUTORESUME = REPO / "scripts" / "autoresume.sh"
@@ -152,7 +153,6 @@ def analyse(run_dir: Path, started: float, ended: float, max_steps: int) -> dict
         last_completion[step] = (pid, t)
     useful = sum(durations[(pid, step)] for step, (pid, _) in last_completion.items() if step <= max_steps)
     completed = max(last_completion) if last_completion else 0
-    wall = ended - started
 
     recoveries = []
     for fault in faults:
@@ -162,26 +162,27 @@ def analyse(run_dir: Path, started: float, ended: float, max_steps: int) -> dict
         pid, step, t = after[0]
         before = [s for p, s, tt in steps if tt <= fault["time"]]
         recoveries.append({
-            "fault": fault["fault"], "kind": fault["kind"], "fault_step": fault["step"],
+            "fault": fault["fault"], "kind": fault["kind"], "fault_step": fault["step"], "fault_time": fault["time"],
             "to_process_started_s": round(starts[pid] - fault["time"], 3),
             "to_first_step_s": round(t - fault["time"], 3),
             "steps_redone": (max(before) if before else 0) - (step - 1),
         })
-    mean = statistics.mean
-    by_kind = {kind: [r for r in recoveries if r["kind"] == kind] for kind in ("hang", "kill")}
+    # The arithmetic is ft_report's too (launcher/goodput.py): one definition of the figures.
+    figures = run_figures(started, ended, useful, [
+        Recovery(kind=r["kind"], failed_at=r["fault_time"], recovered_at=r["fault_time"] + r["to_first_step_s"],
+                 restarted_at=r["fault_time"] + r["to_process_started_s"]) for r in recoveries],
+        kinds=("hang", "kill"))
     return {
-        "wall_s": round(wall, 2),
-        "useful_step_s": round(useful, 2),
-        "goodput": round(useful / wall, 4) if wall > 0 else None,
+        "wall_s": figures["wall_s"],
+        "useful_step_s": figures["useful_s"],
+        "goodput": figures["goodput"],
         "steps_completed": completed,
         "processes_rank0": len(starts),
         "faults_injected": len(faults),
         "faults_recovered": len(recoveries),
-        "mttr_s": round(mean(r["to_first_step_s"] for r in recoveries), 3) if recoveries else None,
-        "mttr_by_kind_s": {k: round(mean(r["to_first_step_s"] for r in v), 3) if v else None
-                           for k, v in by_kind.items()},
-        "fault_to_process_started_by_kind_s": {
-            k: round(mean(r["to_process_started_s"] for r in v), 3) if v else None for k, v in by_kind.items()},
+        "mttr_s": figures["mttr_s"],
+        "mttr_by_kind_s": figures["mttr_by_kind_s"],
+        "fault_to_process_started_by_kind_s": figures["to_restart_by_kind_s"],
         "recoveries": recoveries,
         "median_step_s": round(statistics.median(durations.values()), 5) if durations else None,
         # Where the rest of a fault-free run's wall time goes: before the first step, after the last.

@@ -16,11 +16,14 @@ Scenarios (``--only`` picks some; each is a script in ``bench/`` that prints JSO
   footprint  bench/monitor_footprint.py memory of launcher/monitors/template; monitor CPU at 10 Hz
   lightning  bench/lightning_overhead.py step time each Lightning callback adds (paired blocks)
   goodput    bench/goodput.py           2-rank Lightning job with faults under autoresume.sh
+  soak       bench/soak.py              >= 10 min 2-rank job with jitter under calculated timeouts:
+                                        false kills and the detection latency of injected hangs
 
 Raw results go to ``bench/results/<UTC time>.json`` and each scenario's output to
 ``bench/results/logs/`` (git-ignored). ``--quick`` runs few, short repetitions (to check that
 everything works; the figures are then rough). ``--render-only FILE`` re-renders the markdown
-from a raw results file.
+from a raw results file. With ``--only``, the sections of the scenarios not run are kept from the
+existing page (a note says from which run).
 
 Run: ``python bench/run_all.py [--peer-python PY] [--quick] [--only client hang ...] [--note TEXT]``.
 """
@@ -47,7 +50,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, kill_descendants, summarize  # noqa: E402
 
-SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput")
+SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput", "soak")
 
 # Repetitions and sizes: (full, quick).
 SETTINGS = {
@@ -58,8 +61,10 @@ SETTINGS = {
     "lightning_reps": (3, 1), "lightning_pairs": (3000, 300),
     "goodput_runs": (2, 1), "goodput_baseline_runs": (1, 1), "goodput_max_steps": (1500, 500),
     "goodput_max_faults": (4, 2), "goodput_fault_every": (6.0, 4.0),
+    # The soak: >= 10 minutes with the default minimums; then a shorter run with the old ones.
+    "soak_duration": (660.0, 150.0), "soak_old_duration": (240.0, 90.0),
 }
-SCENARIO_TIMEOUT_S = 1500
+SCENARIO_TIMEOUT_S = 1800
 
 
 class Context:
@@ -161,13 +166,18 @@ def scenario_client(ctx: Context) -> dict:
 
 
 def scenario_hang(ctx: Context) -> dict:
-    samples: dict[str, list[float]] = {impl: [] for impl in ctx.impls}
+    # "ours" captures the hung rank's stacks before the kill (the default); "ours_nostacks" has
+    # stack_capture_budget 0, to show what the capture adds.
+    variants = [*ctx.impls, "ours_nostacks"]
+    samples: dict[str, list[float]] = {variant: [] for variant in variants}
     for rep in range(ctx.setting("hang_blocks")):
-        for impl in abba(ctx.impls, rep):
+        for variant in abba(variants, rep):
+            impl = "ours" if variant == "ours_nostacks" else variant
+            stacks = ["--stacks", "off"] if variant == "ours_nostacks" else []
             result = ctx.run_json("hang", ctx.python[impl], "hang_detection.py",
                                   ["--runs", str(ctx.setting("hang_runs_per_block")),
-                                   "--timeout", str(ctx.setting("hang_timeout")), "--impl", impl])
-            samples[impl] += result["samples_s"]
+                                   "--timeout", str(ctx.setting("hang_timeout")), "--impl", impl, *stacks])
+            samples[variant] += result["samples_s"]
     return {"samples_s": samples, "timeout_s": ctx.setting("hang_timeout")}
 
 
@@ -217,9 +227,20 @@ def scenario_goodput(ctx: Context) -> dict:
     return ctx.run_json("goodput", sys.executable, "goodput.py", script_args)
 
 
+def scenario_soak(ctx: Context) -> dict:
+    runs = {}
+    for minimums, key in (("default", "soak_duration"), ("old", "soak_old_duration")):
+        duration = ctx.setting(key)
+        runs[minimums] = ctx.run_json("soak", sys.executable, "soak.py",
+                                      ["--duration", f"{duration:g}", "--minimums", minimums,
+                                       "--log", str(ctx.logs / f"soak_{minimums}_job.log")])
+    return {"runs": runs}
+
+
 RUNNERS: dict[str, Callable[[Context], dict]] = {
     "client": scenario_client, "hang": scenario_hang, "restart": scenario_restart,
     "footprint": scenario_footprint, "lightning": scenario_lightning, "goodput": scenario_goodput,
+    "soak": scenario_soak,
 }
 
 
@@ -343,8 +364,8 @@ def render(data: dict) -> str:
     add(f"| other load on the machine | CPUs {meta['busy_before'] * 100:.0f}% busy just before the run, "
         f"{meta['busy_after'] * 100:.0f}% just after (3 s samples, while no benchmark ran) |")
     add("")
-    add("How to reproduce: `make bench` (ours and torchrun; about 9 min on this 2-core machine kind) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
-        "on first use, 1.5 min; 16 min) regenerate this page; `make bench BENCH_ARGS='--only restart goodput'` runs some scenarios, "
+    add("How to reproduce: `make bench` (ours and torchrun; about 9 min on this 2-core machine kind, plus 16 min for the soak) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
+        "on first use, 1.5 min; 16 min plus the soak) regenerate this page; `make bench BENCH_ARGS='--only restart goodput'` runs some scenarios (keeping the others' sections), "
         "`BENCH_ARGS=--quick` a short functional run. Each section lists the exact commands it ran: every "
         "script in `bench/` prints its figures on its own (as JSON with `--json`, as text without). Raw "
         "results and every process's output go to `bench/results/` (git-ignored).")
@@ -355,7 +376,8 @@ def render(data: dict) -> str:
         "\"ours\" is ptl-resiliency from this repository.")
     add("")
     sections = [("client", render_client), ("hang", render_hang), ("restart", render_restart),
-                ("footprint", render_footprint), ("lightning", render_lightning), ("goodput", render_goodput)]
+                ("footprint", render_footprint), ("lightning", render_lightning), ("goodput", render_goodput),
+                ("soak", render_soak)]
     number = 0
     for key, fn in sections:
         if key not in results:
@@ -400,7 +422,40 @@ def render(data: dict) -> str:
     add("- **NVRx's sections callback** wraps `trainer.strategy.training_step` rather than using "
         "callback hooks, so its own hook code cannot be timed apart from the step (`-` in that column).")
     add("")
+    for line in MULTINODE_SECTION:
+        add(line)
     return "\n".join(lines) + "\n"
+
+
+# Measured apart from `make bench`: it needs the multi-node SLURM cluster (docs/multinode.md).
+# Re-measure with bench/multinode_scale.py and update these lines.
+MULTINODE_SECTION = (
+    "## Reference: multi-node scale (node crash -> survivors back in the process group)",
+    "",
+    "Not run by `make bench`: it needs the multi-node SLURM cluster of `make test-cluster` "
+    "([multinode.md](multinode.md)). `bench/multinode_scale.py` on 4 cluster nodes sharing this "
+    "machine's 2 cores: N nodes with `--nnodes N-1:N`, one gloo rank per node; node N is crashed "
+    "(`fault.sh crash`); time until every survivor's new workers completed their first collective. "
+    "Warm: ft_launcher's default warm restarts; cold: `--no-warm-restarts`. One run each "
+    "(2026-11-23), load average next to each figure.",
+    "",
+    "| restart | nodes | crash -> survivors in the process group (s) | load (1 min) |",
+    "|---|---|---|---|",
+    "| warm | 2 | 7.5 | 2.2 |",
+    "| warm | 3 | 8.8 | 2.4 |",
+    "| warm | 4 | 11.0 | 3.2 |",
+    "| cold | 2 | 9.3 | 2.6 |",
+    "| cold | 3 | 11.3 | 2.3 |",
+    "| cold | 4 | 14.7 | 2.4 |",
+    "",
+    "Growth from 2 to 4 nodes: 1.47x warm, 1.58x cold (goal 1.5x). Each added node adds a launcher, "
+    "a monitor and a worker on the same 2 cores, so this grows with CPU contention more than with "
+    "the rendezvous. Where the time goes (3 nodes, the crash test): 0.4 s until the crash is seen, "
+    "3.5 s until the failure is decided (2 s of it waiting for the lost node's view of the failure), "
+    "2.5 s of rendezvous (the 2 s last call; the lost node's keep-alive expiry overlaps the wait), "
+    "2.7 s for the new workers' process group.",
+    "",
+)
 
 
 def _error_section(title: str, result: dict) -> list[str] | None:
@@ -449,14 +504,16 @@ def render_hang(result: dict, peer: bool) -> list[str]:
     out = [title,
            f"A real monitor and a real rank: the rank sends heartbeats, then stops. Latency = the moment the "
            f"benchmark sees the rank die − (last heartbeat + `rank_heartbeat_timeout` = {result['timeout_s']:g} s): "
-           "the monitor's wake-up, `SIGKILL` and process exit. Every other setting is the default "
+           "the monitor's wake-up, the capture of the rank's Python stacks before the kill (ours, default "
+           "`stack_capture_budget` 2 s: py-spy when installed, else the client's faulthandler signal; "
+           "\"ours, no stacks\": budget 0), `SIGKILL` and process exit. Every other setting is the default "
            "(`workload_check_interval` 5 s: NVRx checks on that interval, ours sleeps until the deadline). "
            "Each run is a new monitor and rank.",
            "",
            "| tool | runs | latency past the timeout |" + (" NVRx − ours (medians) |" if peer else ""),
            "| --- | --- | --- |" + (" --- |" if peer else "")]
     ours_med = med(samples["ours"])
-    for impl, label in (("ours", "ours"), ("nvrx", "NVRx")):
+    for impl, label in (("ours", "ours"), ("ours_nostacks", "ours, no stacks"), ("nvrx", "NVRx")):
         if impl not in samples:
             continue
         row = f"| {label} | {len(samples[impl])} | {of(samples[impl], 3, unit='s')} |"
@@ -674,6 +731,97 @@ def render_goodput(result: dict, peer: bool) -> list[str]:
     return out
 
 
+def render_soak(result: dict, peer: bool) -> list[str]:
+    title = "Soak: no false kills under calculated timeouts, and how fast real hangs are caught"
+    if (err := _error_section(title, result)):
+        return err
+    runs = result["runs"]
+    main = runs.get("default") or next(iter(runs.values()))
+    s = main["settings"]
+    out = [title,
+           f"A 2-rank training loop (`bench/soak_train.py`: `ft_core.integration`, gloo on CPU) under "
+           f"`scripts/autoresume.sh --mode local` and `ft_launcher`, for {s['duration'] / 60:.0f} minutes of job time "
+           f"with realistic jitter: step times of {s['step_time'] * 1000:.0f} ms median with a log-normal spread "
+           f"and a Pareto tail ({s['tail_p'] * 100:g} % of steps, up to 40x), pauses of 0.5-3 s ({s['pause_p'] * 100:g} % "
+           f"of steps on each rank, in a step or between steps: the other rank waits in the next all-reduce), a slow "
+           f"first step (2-6 s) in every run, an evaluation of {s['eval_steps']} steps every {s['eval_every']} steps, "
+           f"a checkpoint of 0.2-3 s every {s['ckpt_every']} steps, and a resume in the middle (SIGUSR1 to "
+           f"autoresume.sh at {s['resume_at']:.0f} s: the graceful stop saves, the next attempt resumes). The section "
+           "timeouts start configured (600 s) and are calculated by the job (`calculate_timeouts=True`): `step` and "
+           "`checkpointing` after the first checkpoint, `setup` and out-of-section in every run that resumed; "
+           "`safety_factor` 5. Real hangs are injected into the same run (a rank sleeps in a step, in a "
+           "checkpoint, or between steps until its monitor stops it). *False kills*: failures in a cycle without an "
+           "injected hang (a healthy rank stopped; goal 0). *Latency*: the hang's start → the first failure record "
+           "of its cycle (the timeout in force, plus the monitor's wake-up and report). Minimums: *default* are the "
+           "`min_calculated_*` defaults (section 60 s, out-of-section 120 s); *old* are 1 s (initial heartbeat 10 s), "
+           "what the client applied before these config fields existed.",
+           "",
+           "| minimums | job time | false kills | hangs caught | pauses (longest) | longest step | smallest calculated `step` timeout in force | resumed at step | finished |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name, run in runs.items():
+        caught = sum(1 for h in run["hangs"] if h["detected"])
+        smallest = run.get("smallest_step_timeout_s")
+        out.append(f"| {name} | {run['wall_s'] / 60:.1f} min | **{run['false_kills']}** | {caught}/{len(run['hangs'])} | "
+                   f"{run['pauses']} ({run['longest_pause_s']:.1f} s) | {run.get('longest_step_s', 0.0):.1f} s | "
+                   f"{'-' if smallest is None else f'{smallest:.2f} s'} | "
+                   f"{', '.join(str(x) for x in run['resumed_at_steps'][1:]) or '-'} | {'yes' if run['finished'] else 'no'} |")
+    out += ["", "Injected hangs (default minimums):", "",
+            "| hang | on rank | caught after | timeout that fired | named | ",
+            "| --- | --- | --- | --- | --- |"]
+    for hang in main["hangs"]:
+        fired = "-" if hang["timeout_s"] is None else f"{hang['detected_kind']} {hang['timeout_s']:g} s"
+        if hang.get("section"):
+            fired += f" (`{hang['section']}`)"
+        caught = "not caught" if hang["latency_s"] is None else f"{hang['latency_s']:.2f} s"
+        out.append(f"| in {hang['where'].replace('_', ' ')} (step {hang['step']}) | {hang['rank']} | "
+                   f"{caught} | {fired} | rank {hang['detected_rank']} |")
+    old = runs.get("old")
+    if old and old["false_kill_records"]:
+        out += ["", "What killed healthy ranks with the old minimums (first records):", ""]
+        for record in old["false_kill_records"][:4]:
+            out.append(f"- cycle {record['cycle']}, rank {record['rank']}: {record['cause']}")
+    out.append("")
+    return out
+
+
+def merge_pages(new: str, old: str, ran: list[str]) -> str:
+    """``new`` with the sections of the scenarios it lacks taken from ``old`` (an earlier page)."""
+
+    def split(text: str) -> tuple[list[str], list[tuple[str, list[str]]], list[str]]:
+        head, sections, tail, current = [], [], [], None
+        for line in text.splitlines():
+            if line.startswith("## "):
+                title = line[3:].split(". ", 1)[1] if line[3:].split(". ", 1)[0].isdigit() else line[3:]
+                current = (title, [])
+                sections.append(current)
+            elif current is None:
+                head.append(line)
+            else:
+                current[1].append(line)
+        numbered = [sec for sec in sections if sec[0] not in ("What could not be compared",)
+                    and not sec[0].startswith("Reference:")]
+        tail_sections = [sec for sec in sections if sec not in numbered]
+        for title, body in tail_sections:
+            tail += [f"## {title}", *body]
+        return head, numbered, tail
+
+    new_head, new_sections, new_tail = split(new)
+    _, old_sections, _ = split(old)
+    old_date = next((line.split("|")[2].strip() for line in old.splitlines() if line.startswith("| date |")), "?")
+    by_title = {title: body for title, body in new_sections}
+    kept = [(title, body) for title, body in old_sections if title not in by_title]
+    order = [t for t, _ in old_sections] + [t for t, _ in new_sections if t not in dict(old_sections)]
+    merged = dict(kept) | by_title
+    lines = list(new_head)
+    if kept:
+        at = next((i for i, line in enumerate(lines) if line.startswith("| machine |")), len(lines))
+        lines[at:at] = [f"> **Note:** the sections {', '.join(t for t, _ in kept)} are from an earlier run "
+                        f"({old_date}); this run ({', '.join(ran)}) replaced the others.", ""]
+    for number, title in enumerate(order, start=1):
+        lines += [f"## {number}. {title}", *merged[title]]
+    return "\n".join(lines + new_tail).rstrip("\n") + "\n"
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -730,7 +878,10 @@ def main() -> int:
     data = {"machine": machine, "meta": meta, "results": results}
     raw = args.results_dir / f"{stamp}.json"
     raw.write_text(json.dumps(data, indent=1))
-    args.out.write_text(render(data))
+    page = render(data)
+    if set(args.only) != set(SCENARIOS) and args.out.exists():
+        page = merge_pages(page, args.out.read_text(), list(args.only))
+    args.out.write_text(page)
     print(f"run_all: wrote {args.out} and {raw} in {meta['wall_s'] / 60:.1f} min", flush=True)
     failed = [k for k, v in results.items() if isinstance(v, dict) and v.get("error") and len(v) == 1]
     if failed:

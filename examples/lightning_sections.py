@@ -10,13 +10,14 @@ Run from the repository root, in the virtual environment (``source .venv/bin/act
 What happens: the callback connects each rank to its monitor and wraps the phases of training in
 sections, each with its timeout from the config: ``setup`` (from the callback's setup to the first
 batch: model and strategy setup, checkpoint loading), ``step`` (each training and validation
-batch) and ``checkpointing`` (every checkpoint save). Everything between them is out of section.
-The callback sends no heartbeats (the config turns the heartbeat timeouts off). Once 16 steps
-ran, each checkpoint save recalculates the ``step``, ``checkpointing`` and out-of-section
-timeouts from the durations seen on all ranks (times the config's ``safety_factor``, at least
-1 s), and rank 0 saves them to
-``RUN_DIR/ft_state/_ft_state.json``; a run that resumed from a checkpoint also calculates
-``setup``. The next run starts with the saved timeouts. Rank 0 creates the finished flag when
+batch but the first of the run and of each validation run, which warm up out of section) and
+``checkpointing`` (every checkpoint save). Everything between them is out of section. The
+callback sends no heartbeats (the config turns the heartbeat timeouts off). Each checkpoint save
+recalculates, from the durations seen on all ranks (times the config's ``safety_factor``, at
+least the config's ``min_calculated_*`` minimums), the timeouts there is data for: ``checkpointing`` at once, ``step`` once 16 steps
+ran, and in a run that resumed from a checkpoint also ``setup`` and the out-of-section timeout;
+rank 0 saves them to ``RUN_DIR/ft_state/_ft_state.json``. The next run starts with the saved
+timeouts. Rank 0 creates the finished flag when
 ``--max-steps`` is reached.
 
 Add ``--simulate-fault rank_hung`` to freeze the last rank ``--fault-delay`` seconds after setup,

@@ -4,7 +4,13 @@ Run from the repository root, in the virtual environment (``source .venv/bin/act
 
     ft_launcher --standalone --nproc-per-node 2 --max-restarts 1 \\
         --fault-tol-cfg-path examples/configs/heartbeats.yaml \\
+        --ft-param-min_calculated_heartbeat_timeout=1 \\
         examples/train_ddp_heartbeats.py --run-dir runs/ddp_heartbeats --simulate-fault rank_hung
+
+``--ft-param-min_calculated_heartbeat_timeout=1`` lowers the smallest calculated heartbeat
+timeout the client applies (default: 120 s, safe for real training), so that this demo's
+tiny steps give a timeout of about a second and the frozen rank is caught at once; leave it out
+in real training.
 
 What happens: both ranks train. The config's heartbeat timeouts are null (no limit), so at the
 first checkpoint after ``--calc-timeouts-after`` steps the ranks calculate timeouts from the

@@ -4,7 +4,13 @@ Run from the repository root, in the virtual environment (``source .venv/bin/act
 
     ft_launcher --standalone --nproc-per-node 2 --max-restarts 1 \\
         --fault-tol-cfg-path examples/configs/sections.yaml \\
+        --ft-param-min_calculated_section_timeout=1 \\
         examples/train_ddp_sections.py --run-dir runs/ddp_sections --simulate-fault rank_hung
+
+``--ft-param-min_calculated_section_timeout=1`` lowers the smallest calculated section
+timeout the client applies (default: 60 s, safe for real training), so that this demo's
+tiny steps give a timeout of about a second and the frozen rank is caught at once; leave it out
+in real training.
 
 What happens: both ranks train with the section timeouts of the config (``setup``, ``step``,
 ``checkpointing``, and the out-of-section time). At the first checkpoint after

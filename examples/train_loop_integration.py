@@ -4,7 +4,13 @@ Run from the repository root, in the virtual environment (``source .venv/bin/act
 
     ft_launcher --standalone --nproc-per-node 2 --max-restarts 1 \\
         --fault-tol-cfg-path examples/configs/sections.yaml \\
+        --ft-param-min_calculated_section_timeout=1 \\
         examples/train_loop_integration.py --run-dir runs/loop_integration --simulate-fault rank_hung
+
+``--ft-param-min_calculated_section_timeout=1`` lowers the smallest calculated section
+timeout the client applies (default: 60 s, safe for real training), so that this demo's
+tiny steps give a timeout of about a second and the frozen rank is caught at once; leave it out
+in real training.
 
 The same training as ``train_ddp_sections.py``, with a short evaluation every ``--eval-every``
 steps, but the section bookkeeping is left to ``ft_core.integration``, one call at each point of

@@ -5,23 +5,28 @@ standard-library code; torch is used lazily, only to synchronise calculated time
 ranks when a process group exists.
 """
 
-from ft_core.client import RankMonitorClient
 from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.data import (
+    HeartbeatTimeouts,
+    SectionAction,
+    SectionTimeouts,
+    WorkloadAction,
+    WorkloadControlRequest,
+)
 from ft_core.env import (
     FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR,
     FT_LAUNCHER_IPC_SOCKET_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
 from ft_core.errors import RankMonitorClientError, TimeoutsCalcError
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, TimeoutsCalc
-from ft_core.workload_control import WorkloadAction, WorkloadControlRequest
+from ft_core.rank_monitor_client import RankMonitorClient
+from ft_core.timeouts_calc import TimeoutsCalc
 
 
 def __getattr__(name: str):
-    # Imported lazily so that `python -m ft_core.monitor` does not find the module already
-    # imported by its own package.
+    # Imported lazily: ranks, which import this package, never need the server.
     if name == "RankMonitorServer":
-        from ft_core.monitor import RankMonitorServer
+        from ft_core.rank_monitor_server import RankMonitorServer
 
         return RankMonitorServer
     raise AttributeError(f"module 'ft_core' has no attribute {name!r}")
@@ -37,6 +42,7 @@ __all__ = [
     "RankMonitorClient",
     "RankMonitorClientError",
     "RankMonitorServer",
+    "SectionAction",
     "SectionTimeouts",
     "TimeoutsCalc",
     "TimeoutsCalcError",

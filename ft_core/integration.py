@@ -1,7 +1,7 @@
 """Fault tolerance for a hand-written training loop (no Lightning): sections, warm-up, timeouts.
 
 A few calls at fixed points of the loop wrap its phases in the sections ``setup``, ``step`` and
-``checkpointing`` of the section API (seed 000) and keep the timeouts fitted to the run::
+``checkpointing`` of the section API and keep the timeouts fitted to the run::
 
     import ft_core.integration as ft_integration
 
@@ -31,9 +31,14 @@ What is watched:
 * ``checkpointing`` wraps checkpoint saving, including asynchronous finalisation.
 * Everything else is out of section and bounded by ``rank_out_of_section_timeout``.
 
+The rules are :mod:`ft_core.sections_policy`'s (the Lightning sections callback follows the
+same ones) and the timeouts file is :mod:`ft_core.state_file`'s; this module adapts them to a
+hand-written loop.
+
 Timeouts: with ``calculate_timeouts=True`` they are calculated from the longest durations seen
-on any rank, times the config's ``safety_factor`` (at least 1 s), after every checkpoint save and
-at :meth:`~FaultToleranceIntegration.shutdown`:
+on any rank, times the config's ``safety_factor`` (never below the config's
+``min_calculated_section_timeout`` / ``min_calculated_out_of_section_timeout``, 60 s / 120 s by
+default), after every checkpoint save and at :meth:`~FaultToleranceIntegration.shutdown`:
 
 * ``step`` once the run did at least 16 training iterations;
 * ``checkpointing`` once the run saved a checkpoint (not when asynchronous finalisation was seen:
@@ -42,12 +47,12 @@ at :meth:`~FaultToleranceIntegration.shutdown`:
   that they include loading it (and, for the out-of-section time, once 16 iterations ran).
 
 Rank 0 writes the client's ``state_dict()`` atomically to ``<checkpoint_dir>/_ft_state.json``
-after each update; :meth:`~FaultToleranceIntegration.setup` of the next run (a restart or a
-resumed job) loads it when present, so calculated timeouts replace configured ones from the
-start.
+after each update; with ``calculate_timeouts=True``, :meth:`~FaultToleranceIntegration.setup` of
+the next run (a restart or a resumed job) loads it when present, so calculated timeouts replace
+configured ones from the start. Without it the configured timeouts are used as they are.
 
-Collectives: when a ``torch.distributed`` process group exists, ``setup`` (rank 0 reads the state
-file and broadcasts it), ``maybe_setup_simulated_fault`` (the plan is broadcast), and, when
+Collectives (:mod:`ft_core.collectives`, ``torch.distributed`` by default): when a process group
+exists, ``setup`` (with ``calculate_timeouts``: rank 0 reads the state file and broadcasts it), ``maybe_setup_simulated_fault`` (the plan is broadcast), and, when
 calculating timeouts, ``on_checkpointing_end(is_async_finalization=False)`` and ``shutdown``
 must be called by every rank at the same point. Initialise the process group before ``setup``
 and destroy it after ``shutdown``.
@@ -62,71 +67,69 @@ own instance to hold the state elsewhere.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Optional, Union
 
-from ft_core.atomic import atomic_write_text
-from ft_core.client import RankMonitorClient
-from ft_core.config import ConfigError
-from ft_core.errors import RankMonitorClientError
+from ft_core.collectives import Collectives, default_collectives, rank_and_world_size
+from ft_core.config_values import ConfigError
+from ft_core.front_end import FrontEnd, require_bool, require_path
+from ft_core.graceful_stop import GracefulStop, GracefulStopConfig
+from ft_core.policy_actions import apply_change, update_section_timeouts
+from ft_core.rank_monitor_client import RankMonitorClient
+from ft_core.ranklog import RankLoggerAdapter, configure_rank_logging
+from ft_core.run_errors import stop_job_for_setup_error
+from ft_core.sections_policy import (
+    MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
+    NUM_WARMUP_ITERS,
+    SECTION_CHECKPOINTING,
+    SECTION_SETUP,
+    SECTION_STEP,
+    SECTIONS,
+    SectionsPolicy,
+    sections_config_error,
+)
 from ft_core.simulated_fault import SimulatedFault, SimulatedFaultParams, setup_simulated_fault
+from ft_core.state_file import (
+    MAX_STATE_FILE_BYTES,
+    PART_SECTIONS,
+    STATE_FILE_NAME,
+    StateFile,
+    state_file_path,
+)
 
-logger = logging.getLogger(__name__)
-
-SECTION_SETUP = "setup"
-SECTION_STEP = "step"
-SECTION_CHECKPOINTING = "checkpointing"
-SECTIONS = (SECTION_SETUP, SECTION_STEP, SECTION_CHECKPOINTING)
-
-NUM_WARMUP_ITERS = 1
-"""Default number of training steps per run (and evaluation steps per evaluation run) left out
-of the ``step`` section."""
-
-MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE = 16
-"""Training iterations a run must have done before it calculates the ``step`` (and the
-out-of-section) timeout."""
-
-STATE_FILE_NAME = "_ft_state.json"
-"""Name of the file, in the checkpoint directory, that carries calculated timeouts across runs."""
-
-# A state file is a few hundred bytes; anything much larger is not ours.
-MAX_STATE_FILE_BYTES = 1 << 20
+__all__ = [
+    "MAX_STATE_FILE_BYTES", "MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE", "NUM_WARMUP_ITERS", "SECTIONS",
+    "SECTION_CHECKPOINTING", "SECTION_SETUP", "SECTION_STEP", "STATE_FILE_NAME", "FaultToleranceIntegration",
+    "get_integration", "get_rank_monitor_client", "is_initialized", "maybe_setup_simulated_fault",
+    "on_checkpoint_loaded", "on_checkpointing_end", "on_checkpointing_start", "on_eval_step_end",
+    "on_eval_step_start", "on_training_step_end", "on_training_step_start", "setup", "should_stop", "shutdown",
+]
 
 PathLike = Union[str, "os.PathLike[str]"]
 FaultParams = Union[SimulatedFaultParams, Mapping[str, Any]]
+GracefulStopOption = Union[None, bool, GracefulStopConfig, Mapping[str, Any]]
 
 
-class FaultToleranceIntegration:
+class FaultToleranceIntegration(FrontEnd):
     """The state of one training run's fault tolerance; see the module docstring.
 
     Args:
         logger_name: Logger the integration logs to (messages are prefixed ``[rank N]``).
+        collectives: How the ranks agree (default: ``torch.distributed`` when initialised).
     """
 
-    def __init__(self, logger_name: str = __name__) -> None:
-        self._log = logging.getLogger(logger_name)
+    def __init__(self, logger_name: str = __name__, collectives: Optional[Collectives] = None) -> None:
+        self._log = RankLoggerAdapter(logging.getLogger(logger_name))
+        self._collectives = collectives if collectives is not None else default_collectives()
         self._client: Optional[RankMonitorClient] = None
+        self._policy = SectionsPolicy(calculate_timeouts=False)
         self._fault: Optional[SimulatedFault] = None
-        self._state_path: Optional[str] = None
-        self._calculate_timeouts = False
-        self._num_warmup_iters = NUM_WARMUP_ITERS
-        self._rank: Any = os.environ.get("RANK", 0)
-        self._reset_run_state()
-
-    def _reset_run_state(self) -> None:
-        self._setup_open = False
-        self._setup_closed_by_step = False
-        self._step_open = False
-        self._ckpt_depth = 0
-        self._train_iters = 0
-        self._eval_iters = 0
-        self._ckpt_saves = 0
-        self._async_finalization_seen = False
-        self._persistent_ckpt_loaded = False
+        self._state_file: Optional[StateFile] = None
+        self._rank = 0
+        self._stop: Optional[GracefulStop] = None
+        self._set_step: Any = None  # client.set_step where the client has it (see on_training_step_start)
 
     # ------------------------------------------------------------------ public state
 
@@ -136,19 +139,21 @@ class FaultToleranceIntegration:
         return self._client is not None
 
     @property
-    def client(self) -> Optional[RankMonitorClient]:
-        """The rank monitor client while initialised (for inspection; do not shut it down)."""
-        return self._client
-
-    @property
-    def state_file_path(self) -> Optional[str]:
-        """Where calculated timeouts are loaded from and saved to (known after :meth:`setup`)."""
-        return self._state_path
-
-    @property
     def train_iters(self) -> int:
         """Training iterations seen in this run (warm-up iterations included)."""
-        return self._train_iters
+        return self._policy.train_iters
+
+    @property
+    def graceful_stop(self) -> Optional[GracefulStop]:
+        """The graceful stop of this run (``setup(graceful_stop=...)``), or None when off."""
+        return self._stop
+
+    def should_stop(self) -> bool:
+        """True once every rank agreed to stop (a graceful stop); the same answer on every rank
+        after the same :meth:`on_training_step_end`. Then save a checkpoint, leave the training
+        loop and call :meth:`shutdown`; the process should exit 0."""
+        stop = self._stop
+        return stop is not None and stop.stop_step is not None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -159,19 +164,27 @@ class FaultToleranceIntegration:
         calculate_timeouts: bool = False,
         num_warmup_iters: int = NUM_WARMUP_ITERS,
         state_file_name: str = STATE_FILE_NAME,
+        graceful_stop: GracefulStopOption = None,
     ) -> None:
         """Connect to this rank's monitor, restore saved timeouts and open the ``setup`` section.
 
-        A collective when a ``torch.distributed`` process group exists (rank 0 reads the state
-        file and broadcasts it): every rank must call it.
+        A collective when a process group exists and ``calculate_timeouts`` is set (rank 0 reads
+        the state file and broadcasts it): every rank must call it.
 
         Args:
             checkpoint_dir: The directory checkpoints are saved to; the timeouts file
                 ``state_file_name`` lives there, next to the checkpoints it belongs with.
-            calculate_timeouts: Calculate timeouts from observed durations and save them.
+            calculate_timeouts: Calculate timeouts from observed durations, save them, and start
+                from the ones an earlier run saved.
             num_warmup_iters: Training steps per run, and evaluation steps per evaluation run,
                 left out of the ``step`` section (>= 0).
             state_file_name: Name of the timeouts file in ``checkpoint_dir``.
+            graceful_stop: Turn stop signals (default SIGTERM and SIGUSR1) into a stop that all
+                ranks agree on (see :mod:`ft_core.graceful_stop`): True, a
+                :class:`~ft_core.graceful_stop.GracefulStopConfig` or a dict of its fields; None
+                or False: off. Then :meth:`on_training_step_end` is a collective at the agreed
+                check steps and :meth:`should_stop` says when to save and leave the loop. Must be
+                called on the main thread for the handlers to be installed.
 
         Raises:
             ValueError: ``checkpoint_dir`` is not set, or another argument is invalid.
@@ -184,59 +197,55 @@ class FaultToleranceIntegration:
         """
         if self._client is not None:
             raise RuntimeError("ft_core.integration.setup() was called twice; call shutdown() first")
-        if checkpoint_dir is None or (isinstance(checkpoint_dir, str) and not checkpoint_dir.strip()):
-            raise ValueError(
-                f"ft_core.integration.setup: checkpoint_dir is not set (got {checkpoint_dir!r}). "
-                "Fault tolerance keeps its state (calculated timeouts) next to the checkpoints: "
-                "pass the directory your checkpoints are saved to."
-            )
-        if not isinstance(checkpoint_dir, (str, os.PathLike)):
-            raise ValueError(f"ft_core.integration.setup: checkpoint_dir must be a path, got {checkpoint_dir!r}")
-        if not isinstance(calculate_timeouts, bool):
-            raise ValueError(
-                f"ft_core.integration.setup: calculate_timeouts must be True or False, got {calculate_timeouts!r}"
-            )
-        if isinstance(num_warmup_iters, bool) or not isinstance(num_warmup_iters, int) or num_warmup_iters < 0:
-            raise ValueError(
-                f"ft_core.integration.setup: num_warmup_iters must be a whole number >= 0, got {num_warmup_iters!r}"
-            )
-        if not isinstance(state_file_name, str) or not state_file_name or os.sep in state_file_name:
-            raise ValueError(
-                f"ft_core.integration.setup: state_file_name must be a plain file name, got {state_file_name!r}"
-            )
-        self._reset_run_state()
-        self._rank = _global_rank()
-        self._calculate_timeouts = calculate_timeouts
-        self._num_warmup_iters = num_warmup_iters
-        self._state_path = os.path.join(os.fspath(checkpoint_dir), state_file_name)
-        if _process_group_size() == 1 and _env_int("WORLD_SIZE", 1) > 1:
+        _check_setup_arguments(checkpoint_dir, calculate_timeouts, num_warmup_iters, state_file_name)
+        stop_config = _graceful_stop_config(graceful_stop)
+        assert checkpoint_dir is not None
+        # Until the monitor's log_level is known: INFO, on the console when nothing else is set up.
+        configure_rank_logging(None, "ft_core", self._log.logger.name)
+        collectives = self._collectives
+        # Without a process group every process decides alone: its rank comes from the launcher.
+        self._rank, world_size, grouped = rank_and_world_size(collectives)
+        self._log.set_rank(self._rank)
+        self._policy = SectionsPolicy(calculate_timeouts, num_warmup_iters)
+        self._state_file = StateFile(state_file_path(checkpoint_dir, state_file_name), PART_SECTIONS, self._log)
+        if not grouped and world_size > 1:
             self._log.warning(
-                "[rank %s] ft_core.integration.setup: WORLD_SIZE=%s but no torch.distributed process "
-                "group is initialised; calculated timeouts will differ between ranks (initialise the "
-                "process group before setup)", self._rank, os.environ.get("WORLD_SIZE"),
+                "ft_core.integration.setup: WORLD_SIZE=%s but no torch.distributed process group is "
+                "initialised; calculated timeouts will differ between ranks (initialise the process "
+                "group before setup)", world_size,
             )
-        state = self._read_agreed_state()  # collective
         client = RankMonitorClient()
-        if state is not None:
-            try:
-                client.load_state_dict(state)
-            except RankMonitorClientError as err:
-                self._log.warning("[rank %s] ignoring fault tolerance state file %s: %s; configured "
-                                  "timeouts are used", self._rank, self._state_path, err)
+        if calculate_timeouts:
+            self._state_file.restore(client, collectives)  # collective
         client.init_workload_monitoring()
         try:
-            self._check_config(client)
-            client.start_section(SECTION_SETUP)
-        except BaseException:
+            timeouts = client.section_timeouts
+            error = sections_config_error("ft_core.integration", timeouts.section, timeouts.out_of_section,
+                                          calculate_timeouts, initial_heartbeat=client.hb_timeouts.initial)
+            if error is not None:
+                raise error
+            apply_change(client, self._policy.setup_started())
+        except BaseException as err:
             client.shutdown_workload_monitoring()
+            stop_job_for_setup_error(err, self._log)  # a restart would fail the same way
             raise
         self._client = client
-        self._setup_open = True
-        self._log.info(
-            "[rank %s] fault tolerance set up: section timeouts %s, out-of-section %s; timeouts file "
-            "%s (calculate_timeouts=%s, warm-up iterations %s)", self._rank,
-            client.section_timeouts.section, client.section_timeouts.out_of_section,
-            self._state_path, calculate_timeouts, num_warmup_iters,
+        self._set_step = getattr(client, "set_step", None)  # RankMonitorClient.set_step (an extension of the reference API)
+        configure_rank_logging(client.cfg.log_level if client.cfg is not None else None, self._log.logger.name)
+        self._remember_saved(client)
+        stop_text = "off"
+        if stop_config is not None:
+            self._stop = GracefulStop(stop_config)
+            if self._stop.install():
+                stop_text = f"on {', '.join(s.name for s in stop_config.signals)}"
+            else:
+                self._log.warning("graceful stop not installed: setup() was not called on the main thread, where "
+                                  "Python lets signal handlers be set; %s keep their previous handling",
+                                  ", ".join(s.name for s in stop_config.signals))
+                stop_text = "not installed (not on the main thread)"
+        self._log.rank_zero_info(
+            "ft_core.integration set up: timeouts file %s (calculate_timeouts=%s, warm-up iterations %s, "
+            "graceful stop %s)", self._state_file.path, calculate_timeouts, num_warmup_iters, stop_text,
         )
 
     def shutdown(self, update_timeouts: bool = True) -> None:
@@ -256,97 +265,81 @@ class FaultToleranceIntegration:
         try:
             if self._fault is not None:
                 self._fault.cancel()
-            self._close_open_sections(client)
+            for name in self._policy.run_ended():
+                client.end_section(name)
             if update_timeouts:
-                self._maybe_update_timeouts(final=True)
-        except Exception:
-            self._log.exception("[rank %s] fault tolerance: final timeouts update failed", self._rank)
+                self._maybe_update_timeouts(client, final=True)
+        except Exception:  # shutdown promises never to raise: the run's own outcome comes first
+            self._log.exception("fault tolerance: final timeouts update failed")
         finally:
             self._fault = None
             self._client = None
-            try:
-                client.shutdown_workload_monitoring()
-            except Exception:
-                self._log.exception("[rank %s] fault tolerance: disconnecting from the monitor failed", self._rank)
-        self._log.info("[rank %s] fault tolerance shut down after %s training iterations",
-                       self._rank, self._train_iters)
-
-    def _close_open_sections(self, client: RankMonitorClient) -> None:
-        for name in client.open_sections:
-            client.end_section(name)
-        self._setup_open = self._step_open = False
-        self._ckpt_depth = 0
-
-    def _check_config(self, client: RankMonitorClient) -> None:
-        configured = client.section_timeouts.section
-        missing = [name for name in SECTIONS if name not in configured]
-        if missing:
-            raise ConfigError(
-                f"ft_core.integration: rank_section_timeouts must configure the sections "
-                f"{', '.join(SECTIONS)}; missing: {', '.join(missing)} (configured: {dict(configured)!r}). "
-                "E.g. ft_launcher --ft-param-rank_section_timeouts=setup:600,step:180,checkpointing:420 "
-                "--ft-param-rank_out_of_section_timeout=300 (null means: calculate)"
-            )
-        # Finite heartbeat timeouts are fine although no heartbeats are sent: the monitor counts
-        # every section change as progress, so they only bound the time between two changes.
-        if not self._calculate_timeouts and not client.section_timeouts.are_valid:
-            raise ConfigError(
-                "ft_core.integration: hang detection is incomplete because a timeout is infinite "
-                f"(rank_section_timeouts={dict(client.section_timeouts.section)!r}, "
-                f"rank_out_of_section_timeout={client.section_timeouts.out_of_section!r}) and "
-                "calculate_timeouts=False. Give every section and the out-of-section time a timeout, "
-                "or pass calculate_timeouts=True."
-            )
+            self._set_step = None
+            stop, self._stop = self._stop, None
+            if stop is not None:
+                stop.uninstall()
+            self._disconnect(client)
+        if stop is not None and stop.stop_step is not None:
+            self._log.rank_zero_info("fault tolerance shut down after a graceful stop (%s) after training step %s of "
+                                     "this run", stop.describe_stop(), stop.stop_step)
+        else:
+            self._log.rank_zero_info("fault tolerance shut down after %s training iterations", self._policy.train_iters)
 
     # ------------------------------------------------------------------ steps
 
-    def _close_setup(self, client: RankMonitorClient) -> None:
-        client.end_section(SECTION_SETUP)
-        self._setup_open = False
-        self._setup_closed_by_step = True
+    def on_training_step_start(self, step: Optional[int] = None) -> None:
+        """A training step begins: close ``setup``; open ``step`` after the warm-up steps.
 
-    def _begin_step(self, client: RankMonitorClient, iters_so_far: int) -> None:
-        if self._setup_open:
-            self._close_setup(client)
-        if iters_so_far >= self._num_warmup_iters and not self._step_open:
-            client.start_section(SECTION_STEP)
-            self._step_open = True
-
-    def _finish_step(self, client: RankMonitorClient) -> None:
-        if self._step_open:
-            client.end_section(SECTION_STEP)
-            self._step_open = False
-
-    def on_training_step_start(self) -> None:
-        """A training step begins: close ``setup``; open ``step`` after the warm-up steps."""
+        Args:
+            step: The step's number (e.g. the global iteration), published to the monitor so that
+                a hang report says which step froze; default: training steps so far in this run.
+        """
         client = self._client
-        if client is None:
-            return
-        self._eval_iters = 0  # training resumed: the next evaluation run warms up again
-        self._begin_step(client, self._train_iters)
+        if client is not None:
+            set_step = self._set_step
+            if set_step is not None:
+                set_step(self._policy.train_iters if step is None else step)
+            end, start = self._policy.training_step_started()
+            if end is not None:
+                client.end_section(end)
+            if start is not None:
+                client.start_section(start)
 
     def on_training_step_end(self) -> None:
-        """A training step ended: close ``step`` if it was opened."""
+        """A training step ended: close ``step`` if it was opened.
+
+        With ``graceful_stop``, a collective at the check steps the ranks agreed on (about once
+        per ``check_interval``); afterwards :meth:`should_stop` tells whether to stop now.
+        """
         client = self._client
-        if client is None:
-            return
-        self._finish_step(client)
-        self._train_iters += 1
+        if client is not None:
+            end = self._policy.training_step_ended()
+            if end is not None:
+                client.end_section(end)
+            stop = self._stop
+            if stop is not None and stop.stop_step is None and stop.step_ended(self._collectives):  # collective
+                self._log.rank_zero_info(
+                    "graceful stop: %s; every rank stops after training step %s of this run: save a checkpoint, "
+                    "leave the loop and exit 0 (no finished flag; the next run resumes from the checkpoint)",
+                    stop.describe_stop(), stop.stop_step)
 
     def on_eval_step_start(self) -> None:
         """An evaluation step begins: close ``setup``; open ``step`` after the warm-up steps."""
         client = self._client
-        if client is None:
-            return
-        self._begin_step(client, self._eval_iters)
+        if client is not None:
+            end, start = self._policy.eval_step_started()
+            if end is not None:
+                client.end_section(end)
+            if start is not None:
+                client.start_section(start)
 
     def on_eval_step_end(self) -> None:
         """An evaluation step ended: close ``step`` if it was opened."""
         client = self._client
-        if client is None:
-            return
-        self._finish_step(client)
-        self._eval_iters += 1
+        if client is not None:
+            end = self._policy.eval_step_ended()
+            if end is not None:
+                client.end_section(end)
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -356,11 +349,8 @@ class FaultToleranceIntegration:
         Nested calls are counted; only the outermost pair opens and closes the section.
         """
         client = self._client
-        if client is None:
-            return
-        if self._ckpt_depth == 0:
-            client.start_section(SECTION_CHECKPOINTING)
-        self._ckpt_depth += 1
+        if client is not None:
+            apply_change(client, self._policy.checkpointing_started())
 
     def on_checkpointing_end(self, is_async_finalization: bool) -> None:
         """Checkpoint saving ended: close ``checkpointing``; after a save, update timeouts.
@@ -375,24 +365,17 @@ class FaultToleranceIntegration:
         client = self._client
         if client is None:
             return
-        if self._ckpt_depth == 0:
-            self._log.debug("[rank %s] on_checkpointing_end() without on_checkpointing_start(); ignored",
-                            self._rank)
+        end = self._policy.checkpointing_ended(is_async_finalization=is_async_finalization)
+        if end.unmatched:
+            self._log.debug("on_checkpointing_end() without on_checkpointing_start(); ignored")
             return
-        self._ckpt_depth -= 1
-        if self._ckpt_depth > 0:
+        apply_change(client, end.change)
+        if not end.update_timeouts:
             return
-        client.end_section(SECTION_CHECKPOINTING)
-        if is_async_finalization:
-            self._async_finalization_seen = True
-            return
-        self._ckpt_saves += 1
         try:
-            self._maybe_update_timeouts(final=False)
-        except Exception:
-            # Bookkeeping must never fail the checkpoint that was just saved.
-            self._log.exception("[rank %s] fault tolerance: timeouts update after a checkpoint failed",
-                                self._rank)
+            self._maybe_update_timeouts(client, final=False)
+        except Exception:  # bookkeeping must never fail the checkpoint that was just saved
+            self._log.exception("fault tolerance: timeouts update after a checkpoint failed")
 
     def on_checkpoint_loaded(self, is_local_chkpt: bool) -> None:
         """A checkpoint was loaded; a persistent one makes ``setup`` timeouts calculable.
@@ -401,10 +384,8 @@ class FaultToleranceIntegration:
             is_local_chkpt: True for a local (node-private, non-persistent) checkpoint, whose
                 load time says little about a load from persistent storage.
         """
-        if self._client is None:
-            return
-        if not is_local_chkpt:
-            self._persistent_ckpt_loaded = True
+        if self._client is not None:
+            self._policy.checkpoint_loaded(persistent=not is_local_chkpt)
 
     # ------------------------------------------------------------------ simulated faults
 
@@ -430,194 +411,64 @@ class FaultToleranceIntegration:
         if params is None:
             return None
         if self._client is None:
-            self._log.warning("[rank %s] simulated fault not scheduled: fault tolerance is not initialised "
-                              "(call setup() first)", self._rank)
+            self._log.warning("simulated fault not scheduled: fault tolerance is not initialised "
+                              "(call setup() first)")
             return None
         params = SimulatedFaultParams.from_value(params)
         if self._fault is not None:
             self._fault.cancel()
-        self._fault = setup_simulated_fault(params)  # collective
+        self._fault = setup_simulated_fault(params, collectives=self._collectives)  # collective
         return self._fault
 
     # ------------------------------------------------------------------ timeouts
 
-    def _maybe_update_timeouts(self, final: bool) -> bool:
+    def _maybe_update_timeouts(self, client: RankMonitorClient, final: bool) -> bool:
         """Calculate the timeouts the run has data for (a collective); save them on rank 0.
 
         Returns:
             True if timeouts were updated.
         """
-        client = self._client
-        if client is None or not self._calculate_timeouts:
+        if not self._policy.calculate_timeouts:
             return False
-        enough_iters, saved, sync_saves, loaded, setup_seen = _all_ranks_agree([  # collective
-            self._train_iters >= MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
-            self._ckpt_saves > 0,
-            not self._async_finalization_seen,
-            self._persistent_ckpt_loaded,
-            self._setup_closed_by_step,
-        ])
-        selected = []
-        if enough_iters:
-            selected.append(SECTION_STEP)
-        if saved and sync_saves:
-            selected.append(SECTION_CHECKPOINTING)
-        if loaded and setup_seen:
-            selected.append(SECTION_SETUP)
-        calc_out_of_section = loaded and enough_iters
-        if not selected and not calc_out_of_section:
-            self._log.log(
-                logging.INFO if final else logging.DEBUG,
-                "[rank %s] section timeouts not updated: too little data (%s training iterations, need %s; "
-                "checkpoint saved: %s; persistent checkpoint loaded: %s)", self._rank, self._train_iters,
-                MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE, saved, loaded,
-            )
+        if not update_section_timeouts(self._policy, client, self._collectives, self._log, final):  # collective
             return False
-        updated = client.calculate_and_set_section_timeouts(  # collective
-            selected_sections=selected, calc_out_of_section=calc_out_of_section, skip_if_not_ready=True,
-        )
-        if not updated:
-            self._log.info("[rank %s] section timeouts not updated: %s not observed on every rank",
-                           self._rank, ", ".join(selected + (["out-of-section"] if calc_out_of_section else [])))
-            return False
-        if saved and not sync_saves:
-            self._log.info("[rank %s] checkpointing timeout not calculated: asynchronous checkpoint "
-                           "finalisation makes its duration vary too much between runs", self._rank)
-        if str(self._rank) == "0":
-            self._write_state(client)
+        self._save_timeouts(client, self._rank)
         return True
 
-    def _write_state(self, client: RankMonitorClient) -> None:
-        path = self._state_path
-        assert path is not None
-        try:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            atomic_write_text(path, json.dumps(client.state_dict(), indent=2, sort_keys=True) + "\n")
-        except OSError as err:
-            # Losing calculated timeouts only means the next run starts from the configured ones.
-            self._log.error("[rank %s] cannot save calculated timeouts to %s: %s", self._rank, path, err)
-            return
-        self._log.info("[rank %s] saved calculated timeouts to %s", self._rank, path)
 
-    def _read_agreed_state(self) -> Optional[dict[str, Any]]:
-        """Rank 0 reads the state file and broadcasts its text (a collective); parse it here."""
-        text = self._read_state_text() if str(self._rank) == "0" or _process_group_size() == 1 else None
-        text = _broadcast_text(text)
-        if text is None:
-            return None
-        try:
-            state = json.loads(text)
-        except ValueError as err:
-            self._log.warning("[rank %s] ignoring fault tolerance state file %s: not valid JSON (%s); "
-                              "configured timeouts are used", self._rank, self._state_path, err)
-            return None
-        if not isinstance(state, dict):
-            self._log.warning("[rank %s] ignoring fault tolerance state file %s: expected a JSON object, "
-                              "got %s; configured timeouts are used", self._rank, self._state_path,
-                              type(state).__name__)
-            return None
-        self._log.info("[rank %s] loaded calculated timeouts from %s", self._rank, self._state_path)
-        return state
-
-    def _read_state_text(self) -> Optional[str]:
-        path = self._state_path
-        assert path is not None
-        try:
-            with open(path, "rb") as stream:
-                data = stream.read(MAX_STATE_FILE_BYTES + 1)
-        except FileNotFoundError:
-            self._log.info("[rank %s] no fault tolerance state file at %s yet", self._rank, path)
-            return None
-        except OSError as err:
-            self._log.warning("[rank %s] cannot read fault tolerance state file %s: %s; ignored",
-                              self._rank, path, err)
-            return None
-        if len(data) > MAX_STATE_FILE_BYTES:
-            self._log.warning("[rank %s] ignoring fault tolerance state file %s: larger than %s bytes",
-                              self._rank, path, MAX_STATE_FILE_BYTES)
-            return None
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            self._log.warning("[rank %s] ignoring fault tolerance state file %s: not UTF-8 text (%s)",
-                              self._rank, path, err)
-            return None
+_OWNER = "ft_core.integration.setup"  # who the argument errors name
 
 
-# ---------------------------------------------------------------------- torch.distributed helpers
-# torch is imported only when the program already imported torch.distributed: a program without
-# it cannot have a process group.
+def _graceful_stop_config(value: Any) -> Optional[GracefulStopConfig]:
+    try:
+        config = GracefulStopConfig.from_value(value)
+    except ConfigError as err:
+        raise ValueError(f"{_OWNER}: {err}") from None
+    if config is not None and config.checkpoint_path is not None:
+        raise ValueError(f"{_OWNER}: graceful_stop.checkpoint_path is for the Lightning callbacks; a training loop "
+                         f"saves its own checkpoint when should_stop() turns True (got {config.checkpoint_path!r})")
+    return config
 
 
-def _dist() -> Any:
-    """``torch.distributed`` when a process group is initialised, else None."""
-    if "torch.distributed" not in sys.modules:
-        return None
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist
-    return None
-
-
-def _process_group_size() -> int:
-    dist = _dist()
-    return 1 if dist is None else dist.get_world_size()
-
-
-def _global_rank() -> Any:
-    dist = _dist()
-    if dist is not None:
-        return dist.get_rank()
-    return os.environ.get("RANK", 0)
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value.isdigit() else default
-
-
-def _tensor_device(dist: Any) -> Any:
-    import torch
-
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def _all_ranks_agree(flags: Sequence[bool]) -> list[bool]:
-    """For each flag, whether it is true on every rank (one all-reduce MIN; a collective)."""
-    flags = [bool(flag) for flag in flags]
-    dist = _dist()
-    if dist is None or dist.get_world_size() == 1:
-        return flags
-    import torch
-
-    tensor = torch.tensor([int(flag) for flag in flags], dtype=torch.int32, device=_tensor_device(dist))
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return [bool(value) for value in tensor.cpu().tolist()]
-
-
-def _broadcast_text(text: Optional[str]) -> Optional[str]:
-    """Return rank 0's ``text`` on every rank (two broadcasts of plain bytes, no pickle)."""
-    dist = _dist()
-    if dist is None or dist.get_world_size() == 1:
-        return text
-    import torch
-
-    device = _tensor_device(dist)
-    data = b"" if text is None else text.encode("utf-8")
-    length = torch.tensor([len(data) if text is not None else -1], dtype=torch.int64, device=device)
-    dist.broadcast(length, src=0)
-    size = int(length.item())
-    if size < 0:
-        return None
-    buffer = torch.zeros(size, dtype=torch.uint8, device=device)
-    if dist.get_rank() == 0 and size:
-        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-    if size:
-        dist.broadcast(buffer, src=0)
-    return bytes(buffer.cpu().tolist()).decode("utf-8")
+def _check_setup_arguments(
+    checkpoint_dir: Optional[PathLike], calculate_timeouts: Any, num_warmup_iters: Any, state_file_name: Any,
+) -> None:
+    if checkpoint_dir is None or (isinstance(checkpoint_dir, str) and not checkpoint_dir.strip()):
+        raise ValueError(
+            f"{_OWNER}: checkpoint_dir is not set (got {checkpoint_dir!r}). "
+            "Fault tolerance keeps its state (calculated timeouts) next to the checkpoints: "
+            "pass the directory your checkpoints are saved to."
+        )
+    require_path(_OWNER, "checkpoint_dir", checkpoint_dir)
+    require_bool(_OWNER, "calculate_timeouts", calculate_timeouts)
+    if isinstance(num_warmup_iters, bool) or not isinstance(num_warmup_iters, int) or num_warmup_iters < 0:
+        raise ValueError(
+            f"{_OWNER}: num_warmup_iters must be a whole number >= 0, got {num_warmup_iters!r}"
+        )
+    if not isinstance(state_file_name, str) or not state_file_name or os.sep in state_file_name:
+        raise ValueError(
+            f"{_OWNER}: state_file_name must be a plain file name, got {state_file_name!r}"
+        )
 
 
 # ---------------------------------------------------------------------- module-level API
@@ -646,15 +497,21 @@ def setup(
     calculate_timeouts: bool = False,
     num_warmup_iters: int = NUM_WARMUP_ITERS,
     state_file_name: str = STATE_FILE_NAME,
+    graceful_stop: GracefulStopOption = None,
 ) -> None:
     """Initialise fault tolerance; see :meth:`FaultToleranceIntegration.setup`."""
     _default.setup(checkpoint_dir, calculate_timeouts=calculate_timeouts,
-                   num_warmup_iters=num_warmup_iters, state_file_name=state_file_name)
+                   num_warmup_iters=num_warmup_iters, state_file_name=state_file_name, graceful_stop=graceful_stop)
 
 
-def on_training_step_start() -> None:
+def should_stop() -> bool:
+    """See :meth:`FaultToleranceIntegration.should_stop`."""
+    return _default.should_stop()
+
+
+def on_training_step_start(step: Optional[int] = None) -> None:
     """See :meth:`FaultToleranceIntegration.on_training_step_start`."""
-    _default.on_training_step_start()
+    _default.on_training_step_start(step)
 
 
 def on_training_step_end() -> None:

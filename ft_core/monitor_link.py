@@ -1,9 +1,11 @@
 """The launcher's end of a connection to one rank monitor.
 
 The launcher keeps one such link per monitor for the whole run. Through it the monitor learns
-each cycle's worker pid (so it can stop that worker if the launcher dies) and reports hangs and
-rank (dis)connections. Closing the link without :meth:`MonitorLink.close` (e.g. because the
-launcher was killed) tells the monitor that its launcher is gone.
+each cycle's worker pid (so it can stop that worker if the launcher dies) and reports hangs,
+escalations and rank connections; the launcher asks it questions (``ping``, ``progress_query``,
+``capture_stacks``: :meth:`MonitorLink.send`, then :meth:`MonitorLink.take` the answer). Closing
+the link without :meth:`MonitorLink.close` (e.g. because the launcher was killed) tells the
+monitor that its launcher is gone.
 """
 
 from __future__ import annotations
@@ -25,17 +27,19 @@ class MonitorLink:
         socket_path: The monitor's socket.
 
     Raises:
-        ConnectionError: The monitor cannot be reached or refused the launcher role.
+        ConnectionError: The monitor cannot be reached, runs as another user, or refused the
+            launcher role.
     """
 
     def __init__(self, socket_path: str) -> None:
         self.socket_path = socket_path
         self._reader = protocol.FrameReader()
         self._pending: list[dict[str, Any]] = []
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(CONNECT_TIMEOUT)
-            sock.connect(socket_path)
+            sock = protocol.connect_unix(socket_path, CONNECT_TIMEOUT, "rank monitor")
+        except OSError as err:
+            raise ConnectionError(f"cannot attach to rank monitor at {socket_path}: {err}") from None
+        try:
             protocol.send_message(sock, {"type": protocol.MSG_LAUNCHER_HELLO})
             reply = protocol.recv_message(sock, CONNECT_TIMEOUT)
         except (OSError, ProtocolError, TimeoutError) as err:
@@ -44,7 +48,6 @@ class MonitorLink:
         if reply["type"] != protocol.MSG_OK:
             sock.close()
             raise ConnectionError(f"rank monitor at {socket_path} refused: {reply.get('error')}")
-        self.monitor_pid: int | None = reply.get("monitor_pid")
         sock.setblocking(False)
         self._sock: socket.socket | None = sock
         self.lost = False
@@ -57,8 +60,27 @@ class MonitorLink:
         """Tell the monitor which process is this cycle's worker."""
         self._send({"type": protocol.MSG_WORKER_STARTED, "pid": pid, "cycle": cycle, "rank": rank})
 
+    def send(self, message: dict[str, Any]) -> bool:
+        """Send a request (its answer arrives among the events: :meth:`take`); False if lost."""
+        self._send(message)
+        return not self.lost
+
+    def take(self, kind: str) -> dict[str, Any] | None:
+        """Remove and return the oldest received message of ``kind`` (not blocking); other
+        messages stay for :meth:`poll_events`."""
+        self._read_available()
+        for index, event in enumerate(self._pending):
+            if event["type"] == kind:
+                return self._pending.pop(index)
+        return None
+
     def poll_events(self) -> list[dict[str, Any]]:
         """Return the events received so far without blocking (marks the link lost on EOF)."""
+        self._read_available()
+        events, self._pending = self._pending, []
+        return events
+
+    def _read_available(self) -> None:
         sock = self._sock
         if sock is not None:
             while True:
@@ -76,8 +98,6 @@ class MonitorLink:
                 except ProtocolError:
                     self._mark_lost()
                     break
-        events, self._pending = self._pending, []
-        return events
 
     def close(self) -> None:
         """Say goodbye (the monitor then exits without touching workers) and disconnect."""

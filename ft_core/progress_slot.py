@@ -11,6 +11,7 @@ Layout (native byte order, all times are ``time.monotonic()`` seconds, which is
     4   u32  section count    16  f64  last heartbeat time
                               24  u64  heartbeat count
                               32  f64  out-of-section since (0.0 while a section is open)
+                              40  u64  training step + 1 (0: the front end never said)
     64 + 8*i  f64  section i open since (0.0 when closed)
 
 Each field is an aligned 8-byte store, which is atomic on the platforms we support. The writer
@@ -37,6 +38,7 @@ OFF_LAST_SECTION_ACTIVITY = 8
 OFF_LAST_HEARTBEAT = 16
 OFF_HEARTBEAT_COUNT = 24
 OFF_OUT_OF_SECTION_SINCE = 32
+OFF_STEP = 40
 
 
 def section_offset(index: int) -> int:
@@ -98,10 +100,6 @@ class ProgressSlot:
         """The mapped memory (writers use it with precompiled ``struct`` packers)."""
         return self._mm
 
-    def reset(self) -> None:
-        """Zero every field but the header (used by the monitor for a new connection)."""
-        self._mm[8:] = bytes(len(self._mm) - 8)
-
     def close(self) -> None:
         """Unmap the slot."""
         self._mm.close()
@@ -123,10 +121,12 @@ class ProgressSlot:
     def section_open_since(self, index: int) -> float:
         return _F64.unpack_from(self._mm, section_offset(index))[0]
 
-    # Writers (rank side, cold paths; the client inlines the hot ones) -------------
+    def step(self) -> int | None:
+        """The training step the rank last announced (``set_step``), or None if it never did."""
+        stored = _U64.unpack_from(self._mm, OFF_STEP)[0]
+        return stored - 1 if stored else None
+
+    # Writer (monitor side, at the handshake; the client inlines its hot-path stores) ----
 
     def set_out_of_section_since(self, when: float) -> None:
         _F64.pack_into(self._mm, OFF_OUT_OF_SECTION_SINCE, when)
-
-    def set_section_open_since(self, index: int, when: float) -> None:
-        _F64.pack_into(self._mm, section_offset(index), when)

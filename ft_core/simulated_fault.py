@@ -3,30 +3,32 @@
 A fault is described by :class:`SimulatedFaultParams` and scheduled with
 :func:`setup_simulated_fault`, which every rank calls at the same point of its program. Rank 0
 resolves the random choices (which rank fails, which kind of fault when ``random``, the delay)
-and, when a ``torch.distributed`` process group exists, broadcasts them so that all ranks agree
-and log the same plan. The broadcast uses a CPU tensor unless the backend is NCCL, so it works
-with gloo on a machine without GPUs. The failing rank starts a daemon thread that, after the
-delay, sends itself ``SIGKILL`` (``rank_killed``: the process dies at once) or ``SIGSTOP``
-(``rank_hung``: the process freezes, as a rank stuck in a collective would, and only the rank
-monitor can notice).
+and, when the job has a process group, broadcasts the plan as JSON text through
+:mod:`ft_core.collectives` (``torch.distributed`` by default, a Lightning strategy in the
+callbacks) so that all ranks agree and log the same plan. The failing rank starts a daemon
+thread that, after the delay, sends itself ``SIGKILL`` (``rank_killed``: the process dies at
+once) or ``SIGSTOP`` (``rank_hung``: the process freezes, as a rank stuck in a collective would,
+and only the rank monitor can notice).
 
-Like the rest of ``ft_core``, this module never imports torch at import time; torch is used only
-inside :func:`plan_simulated_fault`, and only if the program already imported
-``torch.distributed``.
+Like the rest of ``ft_core``, this module never imports torch at import time; the default
+collectives use it only if the program already imported ``torch.distributed``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import random
 import signal
-import sys
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Optional, Union
+
+from ft_core.collectives import Collectives, default_collectives, rank_and_world_size
+from ft_core.ranklog import RankLoggerAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +39,6 @@ FAULT_TYPES = (FAULT_RANK_KILLED, FAULT_RANK_HUNG, FAULT_RANDOM)
 
 # The signal each resolved fault type sends to the failing rank.
 FAULT_SIGNALS = {FAULT_RANK_KILLED: signal.SIGKILL, FAULT_RANK_HUNG: signal.SIGSTOP}
-# Order matters: the broadcast carries the index of the resolved type.
 _RESOLVED_TYPES = (FAULT_RANK_KILLED, FAULT_RANK_HUNG)
 
 
@@ -125,37 +126,23 @@ class FaultPlan:
     delay: float
 
 
-def _process_group() -> tuple[int, int, Any]:
-    """Return ``(rank, world_size, dist or None)`` from torch.distributed or the environment."""
-    if "torch.distributed" in sys.modules:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size(), dist
-    rank = _env_int("RANK", 0)
-    world_size = _env_int("WORLD_SIZE", 1)
-    return rank, world_size, None
-
-
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name, "").strip()
-    return int(value) if value.isdigit() else default
-
-
 def plan_simulated_fault(
     params: Union[SimulatedFaultParams, Mapping[str, Any]],
     rng: Optional[random.Random] = None,
+    collectives: Optional[Collectives] = None,
 ) -> FaultPlan:
     """Resolve the random choices of ``params`` so that all ranks agree.
 
-    A collective when a ``torch.distributed`` process group is initialised: every rank must
-    call it. Without one, a single process (``WORLD_SIZE`` unset or 1) decides alone; several
-    processes without a process group must name ``rank_to_fail`` (they cannot agree otherwise),
-    and a ``random`` fault type or delay is then drawn by the failing rank only.
+    A collective when the job has a process group: every rank must call it. Without one, a
+    single process (``WORLD_SIZE`` unset or 1) decides alone; several processes without a
+    process group must name ``rank_to_fail`` (they cannot agree otherwise), and a ``random``
+    fault type or delay is then drawn by the failing rank only.
 
     Args:
         params: The fault description.
         rng: Source of randomness (default: a fresh ``random.Random``), used on rank 0.
+        collectives: How the ranks agree (default: ``torch.distributed`` when initialised):
+            rank 0 broadcasts its plan as JSON text.
 
     Returns:
         The plan, the same on every rank.
@@ -165,13 +152,14 @@ def plan_simulated_fault(
             without a process group and no ``rank_to_fail``.
     """
     params = SimulatedFaultParams.from_value(params)
-    rank, world_size, dist = _process_group()
+    collectives = collectives if collectives is not None else default_collectives()
+    rank, world_size, grouped = rank_and_world_size(collectives)
     if params.rank_to_fail is not None and params.rank_to_fail >= world_size:
         raise ValueError(
             f"simulated fault: rank_to_fail={params.rank_to_fail} but the world has only "
             f"{world_size} rank(s)"
         )
-    if dist is None and world_size > 1 and params.rank_to_fail is None:
+    if not grouped and world_size > 1 and params.rank_to_fail is None:
         raise ValueError(
             f"simulated fault: WORLD_SIZE={world_size} but no torch.distributed process group is "
             "initialised, so the ranks cannot agree on a random rank; set rank_to_fail"
@@ -182,18 +170,13 @@ def plan_simulated_fault(
     if chosen_type == FAULT_RANDOM:
         chosen_type = rng.choice(_RESOLVED_TYPES)
     delay = params.base_delay + (rng.uniform(0.0, params.rand_delay) if params.rand_delay else 0.0)
-    if dist is not None and world_size > 1:
-        import torch
-
-        device = torch.device("cpu")
-        if dist.get_backend() == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        values = [float(chosen_rank), float(_RESOLVED_TYPES.index(chosen_type)), delay]
-        tensor = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.broadcast(tensor, src=0)
-        agreed = tensor.cpu().tolist()
-        chosen_rank, chosen_type, delay = int(agreed[0]), _RESOLVED_TYPES[int(agreed[1])], agreed[2]
-    return FaultPlan(rank_to_fail=chosen_rank, fault_type=chosen_type, delay=delay)
+    plan = FaultPlan(rank_to_fail=chosen_rank, fault_type=chosen_type, delay=delay)
+    if grouped:
+        text = collectives.broadcast_text(json.dumps(asdict(plan)) if rank == 0 else None)
+        if text is None:
+            raise RuntimeError("simulated fault: rank 0 broadcast no plan")
+        plan = FaultPlan(**json.loads(text))
+    return plan
 
 
 class SimulatedFault:
@@ -223,14 +206,13 @@ class SimulatedFault:
         if self._cancelled.wait(self.plan.delay):
             return
         sig = FAULT_SIGNALS[self.plan.fault_type]
-        logger.warning(
-            "[rank %s] simulated fault %s: sending %s to this process (pid %s)",
-            self.rank, self.plan.fault_type, sig.name, os.getpid(),
+        RankLoggerAdapter(logger, self.rank).warning(
+            "simulated fault %s: sending %s to this process (pid %s)", self.plan.fault_type, sig.name, os.getpid(),
         )
         for handler in logging.getLogger().handlers + logger.handlers:
             try:
                 handler.flush()
-            except Exception:  # flushing is best effort; the signal matters
+            except Exception:  # any handler failure: flushing is best effort, the signal matters
                 pass
         os.kill(os.getpid(), sig)
 
@@ -242,6 +224,7 @@ class SimulatedFault:
 def setup_simulated_fault(
     params: Union[SimulatedFaultParams, Mapping[str, Any]],
     rng: Optional[random.Random] = None,
+    collectives: Optional[Collectives] = None,
 ) -> SimulatedFault:
     """Agree on a fault plan (see :func:`plan_simulated_fault`) and arm it on the failing rank.
 
@@ -254,18 +237,14 @@ def setup_simulated_fault(
     Raises:
         ValueError: As :func:`plan_simulated_fault`.
     """
-    plan = plan_simulated_fault(params, rng)
-    rank, _world_size, _dist = _process_group()
+    collectives = collectives if collectives is not None else default_collectives()
+    plan = plan_simulated_fault(params, rng, collectives)
+    rank, _world_size, _grouped = rank_and_world_size(collectives)
     fault = SimulatedFault(plan, rank)
+    log = RankLoggerAdapter(logger, rank)
     if rank == plan.rank_to_fail:
-        logger.info(
-            "[rank %s] simulated fault %s scheduled on this rank in %.2f s",
-            rank, plan.fault_type, plan.delay,
-        )
+        log.info("simulated fault %s scheduled on this rank in %.2f s", plan.fault_type, plan.delay)
         fault._arm()
     else:
-        logger.info(
-            "[rank %s] simulated fault %s scheduled on rank %s in %.2f s",
-            rank, plan.fault_type, plan.rank_to_fail, plan.delay,
-        )
+        log.info("simulated fault %s scheduled on rank %s in %.2f s", plan.fault_type, plan.rank_to_fail, plan.delay)
     return fault

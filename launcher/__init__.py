@@ -1,11 +1,18 @@
-"""``ft_launcher``: torchrun with fault tolerance (see :mod:`launcher.cli`)."""
+"""``ft_launcher``: torchrun with fault tolerance (see :mod:`launcher.cli`).
+
+The reference's ``nvidia_resiliency_ext.fault_tolerance.launcher`` module is this package:
+``get_args_parser`` and ``main`` are :mod:`launcher.cli`'s, re-exported lazily so that
+``import launcher`` stays light (``launcher.cli`` imports torch).
+"""
+
+from typing import Any
+
+__all__ = ["get_args_parser", "main"]
 
 
-def get_args_parser():  # noqa: ANN201 - re-exported lazily to keep `import launcher` light
-    """The complete ``ft_launcher`` argument parser (torchrun's plus fault tolerance options)."""
-    from launcher.cli import get_args_parser as _get_args_parser
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from launcher import cli
 
-    return _get_args_parser()
-
-
-__all__ = ["get_args_parser"]
+        return getattr(cli, name)
+    raise AttributeError(f"module 'launcher' has no attribute {name!r}")

@@ -1,76 +1,113 @@
 """``FaultTolerantAgent``: torch's ``LocalElasticAgent`` plus rank monitors and failure causes.
 
-The agent reuses torch's template (rendezvous, start, monitor, restart, exit barrier) and fills
-in four hooks:
+The agent reuses torch's template (rendezvous, start, monitor, restart, exit barrier) and only
+overrides its hooks; each hook calls into a unit that owns one concern:
 
-- ``_start_workers``: replaces dead monitors, gives each worker its monitor's socket (through
-  the per-rank environment, see ``_setup_local_watchdog``), tells each monitor its worker pid,
-  and records the cycle.
-- ``_monitor_workers``: after torch polls the processes, drains monitor events (hang causes),
-  workload control requests and cross-node signals, and turns every failure into one log line
-  and one event record saying why it happened and what happens next.
-- ``_stop_workers`` / ``_shutdown``: after torch stops the workers, kills whatever they left
-  (their process groups, orphans re-parented to the launcher).
+| hook | adds | unit |
+| --- | --- | --- |
+| ``_rendezvous`` | timing; the round's store for the cross-node channel, this node's name in it | :mod:`launcher.store_channel` |
+| ``_start_workers`` | dead or unresponsive monitors replaced, template readiness, monitors told the worker pids, ``cycle_start`` | :mod:`launcher.monitors`, :mod:`launcher.warm` |
+| ``_setup_local_watchdog`` | per-rank environment (monitor / control / template sockets, cycle) | |
+| ``_monitor_workers`` | wait for activity; evidence (progress, stacks) then fast stop of survivors; hang causes (a hang fails the cycle whatever the exit status); root and collateral across nodes; control requests; ShutdownWorkload from other nodes; restart policy | :mod:`launcher.incident`, :mod:`launcher.failures`, :mod:`launcher.culprit`, :mod:`launcher.restart_policy`, :mod:`launcher.control_server` |
+| ``_restart_workers`` | "another node restarted" record | |
+| ``_stop_workers`` / ``_shutdown`` | ``--term-timeout`` to the fraction of a second; what workers left behind | :mod:`launcher.processes` |
 
-Private hook signatures drift between torch releases; ``tests/unit/test_torch_hooks.py``
-checks the ones we override against the pinned torch range.
+Its public surface for :mod:`launcher.launch`: :attr:`cycle`, :attr:`outcome`,
+:attr:`worker_pids`, :attr:`stopped_cleanly`, :meth:`forward_signal`,
+:meth:`wait_for_shutdown_acks`. Nothing else reads
+torch's or the agent's private attributes; ``tests/unit/test_torch_hooks.py`` checks every hook
+signature and private torch attribute used here against the installed torch.
 """
 
 from __future__ import annotations
 
-import contextlib
+import dataclasses
 import json
 import logging
-import os
-import selectors
+import math
+import queue
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
+from ft_core import protocol
+from ft_core.config import Role
+from ft_core.data import WorkloadAction
 from ft_core.env import (
     FT_CYCLE_ENV_VAR,
     FT_LAUNCHER_IPC_SOCKET_ENV_VAR,
+    FT_RANK_CONFIG_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
-from ft_core.workload_control import WorkloadAction
 from launcher import processes
-from launcher.control_server import ControlServer, ReceivedRequest
-from launcher.events import EventLog, FailureRecord
-from launcher.monitors import MonitorPool
-from launcher.warm import ZYGOTE_SOCKET_ENV, WarmTemplate, warm_entrypoint, warm_start_delay
+from launcher.control_server import ControlServer
+from launcher.culprit import LostNode, RankState
+from launcher.events import EventLog
+from launcher.failures import KIND_TERMINATED, Exchanged, failure_records, group_unhealthy_record
+from launcher.incident import CycleWatch, about_an_earlier_worker
+from launcher.monitors import UNRESPONSIVE, MonitorPool
+from launcher.restart_policy import (
+    OUTCOME_EXCLUDED,
+    OUTCOME_SHUTDOWN,
+    WAIT,
+    RestartPolicy,
+    outcome_decision,
+)
+from launcher.store_channel import StoreChannel
+from launcher.warm import WarmCoordinator
 
 logger = logging.getLogger(__name__)
 
-STORE_PREFIX = "ft_launcher/"
-SHUTDOWN_KEY = STORE_PREFIX + "shutdown"
-SHUTDOWN_ACK_KEY = STORE_PREFIX + "shutdown_ack"
-STORE_CHECK_INTERVAL = 0.5
+TORCH_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+TORCH_PID_LINES = {  # torch's message -> index of its pid argument (checked by test_torch_hooks)
+    "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s": 2,
+    "Sending process %s closing signal %s": 0,
+}
 RESTART_GRACE_SECONDS = 2.0
-"""After a worker failed, the others get SIGTERM and this long before SIGKILL."""
+"""After a worker failed, the others get SIGTERM and this long before SIGKILL, unless
+``--workers-stop-timeout`` says otherwise (the default of ``workers_stop_timeout``)."""
+_FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
+class _WrongRankLineFilter(logging.Filter):
+    """Drops torch's "failed (exitcode: ...) local_rank: N" line.
 
-OUTCOME_SHUTDOWN = "shutdown_requested"
-OUTCOME_EXCLUDED = "node_excluded"
+    torch names the failure with the earliest timestamp, which has a resolution of a second and
+    often names a collateral rank; our own failure line names the root and says why.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith("failed (exitcode"))
+
+
+_wrong_rank_filter = _WrongRankLineFilter()
 
 
 class FaultTolerantAgent(LocalElasticAgent):
     """A ``LocalElasticAgent`` whose workers are watched by rank monitors.
 
     Args:
-        spec, logs_specs, start_method, log_line_prefix_template, shutdown_timeout: As for
-            ``LocalElasticAgent``.
+        spec, logs_specs, start_method, log_line_prefix_template: As for ``LocalElasticAgent``.
         monitors: The node's started :class:`MonitorPool`.
         control: The launcher's :class:`ControlServer`.
         events: Where failure lines and records go.
-        restart_policy: ``any-failed`` or ``min-healthy``.
-        min_nodes: The minimum of ``--nnodes`` (used by ``min-healthy``).
-        on_workers_started: Called after each worker start (the launcher re-asserts its
-            signal handlers there, since torch installs its own).
-        warm: The node's warm template; workers are then forked from it (see
-            :mod:`launcher.warm`). None starts every worker cold, as torchrun does.
+        restart_policy: What a failure leads to.
+        term_timeout: Seconds from SIGTERM to SIGKILL whenever workers are stopped by torch's
+            loop or a signal to the launcher (fractions kept, see :meth:`_shutdown`).
+        reassert_signal_handlers: Called after each worker start and before each stop (the
+            launcher re-asserts its signal handlers there, since torch installs its own).
+        stop_signal_delivered: ``f(sig)``: True when the launcher is stopping because of
+            ``sig`` and the workers got it themselves (a job-wide signal); the stop then does
+            not send it again (see :mod:`launcher.signals`).
+        warm: The node's warm template coordinator; workers are then forked from the template
+            (see :mod:`launcher.warm`). None starts every worker cold, as torchrun does.
+        workers_stop_timeout: ``--workers-stop-timeout``: after a worker failed, seconds from
+            SIGTERM to SIGKILL for the surviving workers.
+        workers: The node's worker table (shared with the launcher's signal dispatcher, which
+            routes signals to the workers through :meth:`forward_signal` from its own thread).
+        helper_pids: Processes of the launcher that are not leftovers of workers (the sentinel).
     """
 
     def __init__(
@@ -81,53 +118,88 @@ class FaultTolerantAgent(LocalElasticAgent):
         monitors: MonitorPool,
         control: ControlServer,
         events: EventLog,
-        restart_policy: str = "any-failed",
-        min_nodes: int = 1,
+        restart_policy: RestartPolicy,
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
-        shutdown_timeout: int = 30,
-        on_workers_started: Callable[[], None] | None = None,
-        warm: WarmTemplate | None = None,
+        term_timeout: float = 30.0,
+        reassert_signal_handlers: Callable[[], None] | None = None,
+        stop_signal_delivered: Callable[[signal.Signals], bool] | None = None,
+        warm: WarmCoordinator | None = None,
+        workers_stop_timeout: float = RESTART_GRACE_SECONDS,
+        workers: processes.WorkerProcesses | None = None,
+        helper_pids: Collection[int] = (),
     ) -> None:
-        if warm is not None:
-            command = warm_entrypoint(spec.entrypoint, spec.args)
-            if command is None:
-                logger.info("warm restarts need a Python entry point run by this interpreter; starting cold")
-                warm = None
-            else:
-                spec.entrypoint, spec.args = command
-        self._warm = warm
+        self._workers_stop_timeout = workers_stop_timeout
+        self._warm = warm if warm is not None and warm.adopt(spec) else None
         # torch's loop sleeps monitor_interval before each _monitor_workers call; we make that
         # sleep negligible and instead wait in _monitor_workers for the first of: a worker
         # exit (pidfd), a monitor report, a control request, or the interval.
         self._poll_interval = spec.monitor_interval
         spec.monitor_interval = 0.001
-        super().__init__(
-            spec=spec,
-            logs_specs=logs_specs,
-            start_method=start_method,
-            log_line_prefix_template=log_line_prefix_template,
-            shutdown_timeout=shutdown_timeout,
-        )
+        # torch passes shutdown_timeout back only as _shutdown(timeout=...), which is ours: a
+        # fractional --term-timeout arrives there intact (test_torch_hooks checks).
+        super().__init__(spec=spec, logs_specs=logs_specs, start_method=start_method,
+                         log_line_prefix_template=log_line_prefix_template, shutdown_timeout=term_timeout)
+        self._term_timeout = term_timeout
         self._monitors = monitors
-        self._on_workers_started = on_workers_started
+        self._reassert_signal_handlers = reassert_signal_handlers
+        self._stop_signal_delivered = stop_signal_delivered
+        self._helper_pids = set(helper_pids)
         self._control = control
         self._events = events
-        self._restart_policy = restart_policy
-        self._min_nodes = min_nodes
+        self._policy = restart_policy
+        self._channel = StoreChannel()
         self.cycle = -1
+        """Index of the latest cycle (-1 before the first start)."""
         self.outcome: str | None = None
+        """``OUTCOME_SHUTDOWN`` or ``OUTCOME_EXCLUDED`` once a control request decided the run."""
         self._phase_started = time.monotonic()
         self._last_failure_at: float | None = None
         self._rendezvous_s: float | None = None
+        self._watch = CycleWatch()  # this cycle's hangs, exits and evidence
+        self._pids: dict[int, int] = {}  # local rank -> worker pid (as torch started it)
         self._hangs: dict[int, dict[str, Any]] = {}  # by local rank
-        self._worker_pids: dict[int, int] = {}
+        self._workers = workers if workers is not None else processes.WorkerProcesses(spec.local_world_size)
+        logging.getLogger(TORCH_PROCESS_LOGGER).addFilter(_WorkerPidLogFilter(self._workers))
+        logging.getLogger(TORCH_PROCESS_LOGGER).addFilter(_wrong_rank_filter)
         self._awaiting_ready: set[int] = set()
-        self._cycle_started_at = 0.0
-        self._next_store_check = 0.0
-        self._unhealthy_wait: RunResult | None = None
-        self._pidfds: dict[int, int] = {}
+        self._waiting_unhealthy = False
         self._stopped_by_us: set[int] = set()
+        self._outcome_cause = ""  # who asked for the outcome and why, for the stop line
+        self.stopped_cleanly = True
+        """After the last stop: every worker exited 0 within the timeout (True if none ran)."""
+
+    # ------------------------------------------------------------------ public surface
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Pids of the latest cycle's workers: as torch started them and, under warm restarts,
+        the forked workers' own."""
+        return sorted({*self._workers.pids, *self._workers.worker_pids.values()})
+
+    def forward_signal(self, sig: signal.Signals, job_wide: bool = False) -> None:
+        """Pass ``sig`` (e.g. SLURM's SIGUSR1 warning) on to the workers that need it from us.
+
+        Thread-safe (the launcher's signal dispatcher calls it). Workers that got it themselves
+        (``job_wide``) get nothing; ranks without a worker ready for it get it queued (see
+        :class:`launcher.processes.WorkerProcesses`).
+        """
+        sent, queued = self._workers.route(sig, job_wide)
+        self._events.record("signal_received", cycle=self.cycle, signal=sig.name, job_wide=job_wide,
+                            queued_for_local_ranks=queued)
+        if sent:
+            self._events.record("signal_forwarded", cycle=self.cycle, signal=sig.name, worker_pids=sorted(sent),
+                                queued=False)
+        if queued:
+            logger.info("%s queued for local rank(s) %s: delivered when their next worker connects",
+                        sig.name, queued)
+
+    def wait_for_shutdown_acks(self, timeout: float) -> bool:
+        """After a ShutdownWorkload requested here: wait (bounded) until every other node saw it."""
+        nodes = self.get_worker_group().group_world_size
+        if nodes in (None, 1):
+            return True
+        return self._channel.wait_for_acks(nodes - 1, timeout)
 
     # ------------------------------------------------------------------ starting
 
@@ -135,37 +207,47 @@ class FaultTolerantAgent(LocalElasticAgent):
         started = time.monotonic()
         super()._rendezvous(worker_group)
         self._rendezvous_s = time.monotonic() - started
+        self._channel.attach(self._store)  # this round's store (torch sets it in _rendezvous)
+        if (worker_group.group_world_size or 1) > 1 and worker_group.group_rank is not None:
+            # names this node if it later sends no view of a failure (rule 4 of launcher.culprit)
+            self._channel.publish_member(worker_group.group_rank, self._events.node)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.cycle += 1
-        self._unhealthy_wait = None
-        for local_rank, exit_code in self._monitors.replace_dead():
-            logger.warning("replaced the rank monitor of local rank %s (it had exited with %s)",
-                           local_rank, exit_code)
-            self._events.record("monitor_replaced", cycle=self.cycle, local_rank=local_rank,
-                                exit_code=exit_code)
-        warm_ready = False
-        if self._warm is not None:
-            exit_code = self._warm.forget_if_dead()
-            if exit_code is not None:
-                self._events.record("warm_template_replaced", cycle=self.cycle, exit_code=exit_code)
-            was_ready = self._warm.status is not None
-            status = self._warm.poll_ready()
-            warm_ready = status is not None and self._warm.alive()
-            if status is not None and not was_ready:
-                self._events.record("warm_template_ready", cycle=self.cycle, pid=self._warm.pid, **status)
-        self._hangs.clear()
+        self._waiting_unhealthy = False
+        # Liveness probe: a monitor that died or does not answer (stopped) is replaced before
+        # this cycle's workers connect to it.
+        for replaced in self._monitors.replace_dead():
+            if replaced.reason == UNRESPONSIVE:
+                logger.error("the rank monitor of local rank %s (pid %s) did not answer a ping; killed and "
+                             "replaced it", replaced.local_rank, replaced.pid)
+                self._events.record("monitor_unresponsive", cycle=self.cycle, local_rank=replaced.local_rank,
+                                    monitor_pid=replaced.pid)
+            else:
+                logger.warning("replaced the rank monitor of local rank %s (it had exited with %s)",
+                               replaced.local_rank, replaced.exit_code)
+            self._events.record("monitor_replaced", cycle=self.cycle, local_rank=replaced.local_rank,
+                                exit_code=replaced.exit_code, reason=replaced.reason)
+        warm_ready = self._warm.before_cycle(self.cycle) if self._warm is not None else False
+        self._watch.reset()
         self._stopped_by_us.clear()
         pids = super()._start_workers(worker_group)
         spawned_at = time.monotonic()
-        self._worker_pids = dict(pids)
-        self._open_pidfds()
+        self._pids = dict(pids)
+        self._workers.started(pids)
+        worker_pids = dict(pids)
+        if self._warm is not None:
+            # torch started stand-ins; logs, events, monitors and signals want the workers.
+            worker_pids = self._warm.resolve_workers(pids)
+            self._workers.resolved(worker_pids)
         for worker in worker_group.workers:
-            pid = pids[worker.local_rank]
-            self._monitors.worker_started(worker.local_rank, pid, self.cycle, worker.global_rank)
-        self._control.set_workers(list(pids.values()))
+            self._monitors.worker_started(worker.local_rank, worker_pids[worker.local_rank], self.cycle,
+                                          worker.global_rank)
+        self._control.set_workers([*pids.values(), *worker_pids.values()],
+                                  template_pid=self._warm.pid if self._warm is not None else None)
         self._awaiting_ready = set(pids)
-        self._cycle_started_at = spawned_at
+        if self._warm is not None:
+            self._warm.workers_started(spawned_at)
         since_failure = None if self._last_failure_at is None else spawned_at - self._last_failure_at
         self._events.record(
             "cycle_start",
@@ -174,28 +256,31 @@ class FaultTolerantAgent(LocalElasticAgent):
             group_rank=worker_group.group_rank,
             group_world_size=worker_group.group_world_size,
             ranks={str(w.local_rank): w.global_rank for w in worker_group.workers},
-            worker_pids={str(k): v for k, v in pids.items()},
+            worker_pids={str(k): v for k, v in worker_pids.items()},
+            stand_in_pids={str(k): v for k, v in pids.items()} if self._warm is not None else None,
             rendezvous_s=_round(self._rendezvous_s),
             spawn_s=_round(spawned_at - self._phase_started),
             since_failure_s=_round(since_failure),
             warm_start=warm_ready,
         )
         self._last_failure_at = None
-        logger.info("cycle %s: started workers %s", self.cycle, sorted(pids.values()))
-        if self._on_workers_started is not None:
-            self._on_workers_started()
+        logger.info("cycle %s: started workers %s", self.cycle, sorted(worker_pids.values()))
+        if self._reassert_signal_handlers is not None:
+            self._reassert_signal_handlers()
         return pids
 
     def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
         # torch builds each worker's environment and hands it to this hook right before the
         # processes start: the one place to add per-rank variables without copying torch code.
         super()._setup_local_watchdog(envs)
+        rank_config = json.dumps(self._monitors.cfg.sent_to(Role.RANK))
         for local_rank, env in envs.items():
             env[FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR] = self._monitors.socket_path(local_rank)
             env[FT_LAUNCHER_IPC_SOCKET_ENV_VAR] = self._control.path
             env[FT_CYCLE_ENV_VAR] = str(self.cycle)
+            env[FT_RANK_CONFIG_ENV_VAR] = rank_config  # to go on unwatched if the monitor is mute
             if self._warm is not None:
-                env[ZYGOTE_SOCKET_ENV] = self._warm.socket_path
+                env.update(self._warm.worker_env())
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         self._phase_started = time.monotonic()
@@ -206,77 +291,111 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     # ------------------------------------------------------------------ monitoring
 
-    def _open_pidfds(self) -> None:
-        self._close_pidfds()
-        for pid in self._worker_pids.values():
-            with contextlib.suppress(OSError):
-                self._pidfds[pid] = os.pidfd_open(pid)
-
-    def _close_pidfds(self) -> None:
-        for fd in self._pidfds.values():
-            os.close(fd)
-        self._pidfds.clear()
-
-    def _wait_for_activity(self) -> None:
-        """Block up to the monitor interval, returning early when anything happens."""
-        with selectors.DefaultSelector() as selector:
-            for fd in [*self._pidfds.values(), *self._monitors.filenos(), self._control.notify_fileno()]:
-                with contextlib.suppress(ValueError, KeyError, OSError):
-                    selector.register(fd, selectors.EVENT_READ)
-            selector.select(self._poll_interval)
-        self._control.clear_notify()
-
-    def _maybe_start_warm_template(self) -> None:
-        """Start the template once this cycle's workers are up (see :mod:`launcher.warm`)."""
-        warm = self._warm
-        if warm is None or warm.started:
-            return
-        if not self._awaiting_ready or time.monotonic() >= self._cycle_started_at + warm_start_delay():
-            warm.start()
-            self._events.record("warm_template_started", cycle=self.cycle, pid=warm.pid)
-
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        self._wait_for_activity()
-        self._maybe_start_warm_template()
-        if self._unhealthy_wait is not None:
+        # Wait up to the monitor interval, returning early when anything happens.
+        processes.wait_for_any([*self._workers.fds(), *self._monitors.filenos(), self._control.notify_fileno()],
+                               self._poll_interval)
+        self._control.clear_notify()
+        for pid, delivered in self._workers.overdue(processes.QUEUED_SIGNAL_FALLBACK):
+            self._record_queued_delivery(pid, delivered)
+        if self._warm is not None:
+            self._warm.maybe_start(self.cycle, workers_up=not self._awaiting_ready)
+        if self._waiting_unhealthy:
             return self._wait_while_unhealthy(worker_group)
-        # A worker that failed before torch's poll: stop the others ourselves (fast) and
-        # remember them, so their deaths are recorded as consequences, not causes.
-        statuses = {pid: processes.peek_exit_status(pid) for pid in self._worker_pids.values()}
-        if any(status not in (None, 0) for status in statuses.values()):
-            # torch would SIGTERM the others and wait 30 s for them; a worker whose peer died is
-            # often stuck in a collective (or in a SIGTERM handler that runs one), so give them
-            # a short grace and then SIGKILL, for a fast restart.
-            survivors = [pid for pid, status in statuses.items() if status is None]
-            self._stopped_by_us.update(survivors)
-            processes.terminate_groups(survivors, self._pidfds, RESTART_GRACE_SECONDS)
+        self._poll_monitor_events()
+        statuses = self._statuses()
+        self._watch.observe(statuses)
+        if self._watch.failed(statuses) and not self._watch.evidence_taken:
+            self._handle_first_failure(statuses)
+            statuses = self._statuses()
+            self._watch.observe(statuses)
+        hung = [r for r in self._watch.hung_still_running(statuses) if processes.running_child(self._pids[r])]
+        if hung:
+            # Their monitors signalled them (and SIGKILL them after rank_termination_grace);
+            # torch's poll must not SIGTERM them meanwhile. The launcher kills them only if
+            # they outlive that.
+            if not self._watch.hung_overdue():
+                return RunResult(state=WorkerState.HEALTHY)
+            self._workers.terminate([self._pids[r] for r in hung], 0.0, signal.SIGKILL)
         result = super()._monitor_workers(worker_group)
         # Monitors report a hang before they signal the rank, so every hang behind a death
         # seen above is in these events.
-        for local_rank, event in self._monitors.poll_events():
-            self._on_monitor_event(local_rank, event)
-        requests = self._drain_control_requests()
-        self._check_store()
+        self._poll_monitor_events()
+        result = self._hangs_fail_the_cycle(worker_group, result)
+        self._drain_control_requests()
+        self._check_other_nodes()
         if self.outcome is not None:
-            return self._stop_for_outcome(worker_group, result, requests)
-        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+            return self._stop_for_outcome(worker_group, result)
+        if result.state in _FAILED_STATES:
             return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
             self._events.record("workers_succeeded", cycle=self.cycle)
         return result
 
+    def _statuses(self) -> dict[int, int | None]:
+        """Exit status by local rank (None while running), without reaping."""
+        by_pid = self._workers.exit_statuses()
+        return {local_rank: by_pid.get(pid) for local_rank, pid in self._pids.items()}
+
+    def _handle_first_failure(self, statuses: dict[int, int | None]) -> None:
+        """A worker crashed or hung: take the evidence from the monitors, then stop the others.
+
+        torch would SIGTERM the others and wait 30 s for them; a worker whose peer died is often
+        stuck in a collective (or in a SIGTERM handler that runs one), so they get a short grace
+        and then SIGKILL, for a fast restart. They are remembered, so their deaths are recorded
+        as consequences, not causes. Hung workers are left to their monitors.
+        """
+        running = [local_rank for local_rank, status in statuses.items() if status is None]
+        self._watch.gather_evidence(self._monitors, sorted(self._pids), running,
+                                    self._monitors.cfg.stack_capture_budget or 0.0)
+        self._poll_monitor_events()  # hangs reported while we asked
+        survivors = [self._pids[r] for r in running if r not in self._watch.hangs]
+        self._stopped_by_us.update(survivors)
+        self._workers.terminate(survivors, self._workers_stop_timeout)
+
+    def _hangs_fail_the_cycle(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        """A detected hang fails the cycle whatever the hung worker's exit status (a SIGTERM
+        handler may exit 0): add the hung workers torch saw succeed."""
+        if not self._watch.hangs or result.state == WorkerState.UNHEALTHY:
+            return result
+        self._watch.observe(self._statuses())
+        failures = dict(result.failures) if result.state == WorkerState.FAILED else {}
+        added = self._watch.hung_failures(self._pids, {w.local_rank: w.global_rank for w in worker_group.workers},
+                                          failures)
+        if not added:
+            return result
+        return RunResult(state=WorkerState.FAILED, failures={**failures, **added})
+
+    def _poll_monitor_events(self) -> None:
+        for local_rank, event in self._monitors.poll_events():
+            self._on_monitor_event(local_rank, event)
+
     def _on_monitor_event(self, local_rank: int, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if kind == "rank_hang":
+        if (kind in (protocol.MSG_RANK_HANG, protocol.MSG_RANK_ESCALATED)
+                and about_an_earlier_worker(event, self._workers.worker_pids.get(local_rank))):
+            logger.info("cycle %s: ignored a late %s report of local rank %s about pid %s, a worker of an "
+                        "earlier cycle (the current one is pid %s)", self.cycle, kind, local_rank, event.get("pid"),
+                        self._workers.worker_pids.get(local_rank))
+            return
+        if kind == protocol.MSG_RANK_HANG:
             # Keyed by local rank: with warm starts torch knows the trampoline's pid, the
             # monitor the forked worker's.
-            self._hangs[local_rank] = event
-        elif kind == "rank_connected" and local_rank in self._awaiting_ready:
+            self._watch.on_hang(local_rank, event, self._monitors.cfg.rank_termination_grace or 0.0)
+        elif kind == protocol.MSG_RANK_ESCALATED:
+            logger.error("rank %s (local rank %s, pid %s) outlived %s by %.1f s; its monitor sent SIGKILL",
+                         event.get("rank"), local_rank, event.get("pid"),
+                         self._monitors.cfg.rank_termination_signal.name, event.get("after") or 0.0)
+            self._events.record("rank_escalated", cycle=self.cycle, local_rank=local_rank, rank=event.get("rank"),
+                                worker_pid=event.get("pid"), signal=event.get("signal"), after=event.get("after"))
+        elif kind == protocol.MSG_RANK_CONNECTED and local_rank in self._awaiting_ready:
+            pid, delivered = self._workers.connected(local_rank)
+            self._record_queued_delivery(pid, delivered)
             self._awaiting_ready.discard(local_rank)
             if not self._awaiting_ready:
                 ready_s = time.monotonic() - self._phase_started
                 self._events.record("workers_ready", cycle=self.cycle, ready_s=_round(ready_s))
-        elif kind == "monitor_lost":
+        elif kind == protocol.MSG_MONITOR_LOST:
             logger.error(
                 "the rank monitor of local rank %s exited (code %s); that rank is not watched "
                 "until the next cycle, when the monitor is replaced", local_rank, event.get("exit_code"),
@@ -284,80 +403,77 @@ class FaultTolerantAgent(LocalElasticAgent):
             self._events.record("monitor_died", cycle=self.cycle, local_rank=local_rank,
                                 exit_code=event.get("exit_code"))
 
+    def _record_queued_delivery(self, pid: int | None, delivered: list[signal.Signals]) -> None:
+        for sig in delivered:
+            logger.info("delivered the queued %s to worker pid %s", sig.name, pid)
+            self._events.record("signal_forwarded", cycle=self.cycle, signal=sig.name, worker_pids=[pid], queued=True)
+
     def _on_failure(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
-        self._last_failure_at = time.monotonic()
-        spec = worker_group.spec
+        # "Time to restart" counts from the failure itself (a crash, a hang's detection), not
+        # from the end of the grace the others got.
+        first = self._watch.first_failure_at
+        self._last_failure_at = min(first, time.monotonic()) if first is not None else time.monotonic()
         # A peer's ShutdownWorkload often reaches us as a failed collective first.
-        self._next_store_check = 0.0
-        self._check_store()
+        self._check_other_nodes(force=True)
         if self.outcome is not None:
-            return self._stop_for_outcome(worker_group, result, [])
-        if self._restart_policy == "min-healthy" and worker_group.group_world_size > 1:
-            decision = self._enter_unhealthy_wait(worker_group)
-            if decision is not None:
-                self._log_failures(worker_group, result, decision)
-                return RunResult(state=WorkerState.HEALTHY)
-        if self._remaining_restarts > 0:
-            done = spec.max_restarts - self._remaining_restarts + 1
-            decision = f"restarting the worker group (restart {done}/{spec.max_restarts})"
-        else:
-            decision = f"no restarts left (--max-restarts={spec.max_restarts}); stopping"
-        self._log_failures(worker_group, result, decision)
+            return self._stop_for_outcome(worker_group, result)
+        healthy = None
+        if self._policy.checks_node_health(worker_group.group_world_size) and self._channel.mark_unhealthy(
+                worker_group.group_rank, self.cycle):
+            healthy = self._channel.healthy_nodes(worker_group.group_world_size)
+        spec = worker_group.spec
+        decision = self._policy.on_failure(remaining_restarts=self._remaining_restarts,
+                                           max_restarts=spec.max_restarts, healthy_nodes=healthy)
+        self._log_failures(worker_group, result, decision.text)
+        if decision.action == WAIT:
+            self._waiting_unhealthy = True
+            return RunResult(state=WorkerState.HEALTHY)
         return result
 
-    def _log_failures(self, worker_group: WorkerGroup, result: RunResult, decision: str) -> None:
-        records = self._failure_records(worker_group, result)
-        if not records:
-            records = [FailureRecord(self.cycle, None, -1, None, "worker group unhealthy", "unhealthy", time.time())]
-        for record in records:
-            self._events.failure(record, decision if record.kind != "terminated" else "stopped by the launcher")
+    def _wait_while_unhealthy(self, worker_group: WorkerGroup) -> RunResult:
+        healthy = self._channel.healthy_nodes(worker_group.group_world_size)
+        if not self._policy.restart_while_waiting(healthy):
+            return RunResult(state=WorkerState.HEALTHY)
+        self._events.record("min_healthy_restart", cycle=self.cycle, healthy_nodes=healthy,
+                            min_nodes=self._policy.min_nodes)
+        logger.warning("min-healthy: only %s healthy node(s) left (< %s); restarting the workload",
+                       healthy, self._policy.min_nodes)
+        self._waiting_unhealthy = False
+        return RunResult(state=WorkerState.FAILED)
 
-    def _failure_records(self, worker_group: WorkerGroup, result: RunResult) -> list[FailureRecord]:
-        """Turn torch's failures into records; root causes first."""
-        by_rank = {w.global_rank: w for w in worker_group.workers}
-        # torch's own poll SIGTERMs the survivors when it sees a failure we had not peeked yet;
-        # a SIGTERM beside any other cause is that consequence, not a second root cause.
-        other_causes = any(f.exitcode != -signal.SIGTERM for f in result.failures.values())
-        records = []
-        for global_rank, failure in result.failures.items():
-            worker = by_rank.get(global_rank)
-            local_rank = worker.local_rank if worker is not None else failure.local_rank
-            hang = self._hangs.get(local_rank)
-            detail: dict[str, Any] = {"exit_code": failure.exitcode}
-            if hang is not None:
-                kind, cause = "hang", hang["cause"]
-                detail.update(hang_kind=hang["kind"], section=hang.get("section"),
-                              elapsed=hang["elapsed"], timeout=hang["timeout"], signal=hang["signal"])
-                detected_at = hang["detected_at"]
-            else:
-                if failure.pid in self._stopped_by_us or (failure.exitcode == -signal.SIGTERM and other_causes):
-                    kind = "terminated"
-                    cause = f"stopped after another worker failed ({_exit_text(failure.exitcode)})"
-                elif failure.exitcode < 0:
-                    kind, cause = "signal", _exit_text(failure.exitcode)
-                else:
-                    kind, cause = "exit", _exit_text(failure.exitcode)
-                detected_at = time.time()
-                message = getattr(failure, "message", "")
-                if isinstance(message, dict):  # torch's @record stores {"message": ..., "extraInfo": ...}
-                    message = str(message.get("message", ""))
-                if isinstance(message, str) and message and not message.startswith(("To enable traceback", "Signal ")):
-                    detail["error"] = message[:1000]
-            records.append(FailureRecord(self.cycle, global_rank, local_rank, failure.pid, cause, kind,
-                                         detected_at, detail))
-        records.sort(key=lambda r: (r.kind == "terminated", r.kind != "hang", r.detected_at, r.local_rank))
-        return records
+    def _log_failures(self, worker_group: WorkerGroup, result: RunResult, decision: str) -> None:
+        now = time.time()
+        evidence = self._watch.evidence(self._events.node, worker_group.group_rank)
+        records = failure_records(
+            result.failures, local_ranks={w.global_rank: w.local_rank for w in worker_group.workers},
+            hangs=self._watch.hangs, stopped_by_us=self._stopped_by_us, cycle=self.cycle, now=now,
+            evidence=evidence, exchange=lambda states: self._exchange_views(worker_group, states),
+        ) or [group_unhealthy_record(self.cycle, now)]
+        for record in records:
+            if record.pid is not None:  # torch's pid is the stand-in's under warm restarts
+                record = dataclasses.replace(record, pid=self._workers.worker_pid(record.pid))
+            self._events.failure(record, decision if record.kind != KIND_TERMINATED else "stopped by the launcher")
+
+    def _exchange_views(self, worker_group: WorkerGroup, states: list[RankState]) -> Exchanged:
+        """Publish this node's ranks of the failed cycle; read the other nodes' (bounded) and
+        name the nodes that sent none (only if this node's own view got through)."""
+        nodes = worker_group.group_world_size or 1
+        if nodes <= 1 or not self._channel.attached:
+            return Exchanged()
+        published = self._channel.publish_view(worker_group.group_rank, [s.to_json() for s in states])
+        views = self._channel.gather_views(nodes, worker_group.group_rank)
+        remote = [RankState.from_json(item) for item in views.states]
+        lost = [LostNode(group_rank, host) for group_rank, host in views.missing.items()] if published else []
+        return Exchanged([state for state in remote if state is not None], lost, views.waited)
 
     # ------------------------------------------------------------------ workload control
 
-    def _drain_control_requests(self) -> list[ReceivedRequest]:
-        received = []
+    def _drain_control_requests(self) -> None:
         while True:
             try:
                 item = self._control.requests.get_nowait()
-            except Exception:  # queue.Empty
-                break
-            received.append(item)
+            except queue.Empty:
+                return
             action = item.request.action
             self._events.record(
                 "control_request", cycle=self.cycle, action=action.name,
@@ -366,134 +482,94 @@ class FaultTolerantAgent(LocalElasticAgent):
             logger.warning("rank %s (pid %s) requested %s: %s", item.rank, item.sender_pid,
                            action.name, item.request.description or "(no reason given)")
             if action is WorkloadAction.ShutdownWorkload:
+                if self.outcome != OUTCOME_SHUTDOWN:
+                    self._outcome_cause = (f"rank {item.rank} (pid {item.sender_pid}) requested ShutdownWorkload: "
+                                           f"{item.request.description or '(no reason given)'}")
                 self.outcome = OUTCOME_SHUTDOWN
-                self._publish_shutdown(item)
+                self._channel.publish_shutdown(self._events.node, item.rank, item.request.description)
             elif action is WorkloadAction.ExcludeThisNode and self.outcome is None:
+                self._outcome_cause = (f"rank {item.rank} (pid {item.sender_pid}) requested ExcludeThisNode: "
+                                       f"{item.request.description or '(no reason given)'}")
                 self.outcome = OUTCOME_EXCLUDED
-        return received
 
-    def _publish_shutdown(self, item: ReceivedRequest) -> None:
-        store = self._store
-        if store is None:
+    def _check_other_nodes(self, force: bool = False) -> None:
+        """Learn about a ShutdownWorkload requested on another node."""
+        if self.outcome is not None:
             return
-        try:
-            store.set(SHUTDOWN_KEY, json.dumps({
-                "node": self._events.node, "rank": item.rank, "description": item.request.description,
-            }))
-        except Exception as err:  # the store may be gone with its host node
-            logger.warning("could not tell the other nodes about the shutdown request: %s", err)
-
-    def _check_store(self) -> None:
-        """Learn about a ShutdownWorkload requested on another node (at most every 0.5 s)."""
-        now = time.monotonic()
-        if self.outcome is not None or self._store is None or now < self._next_store_check:
-            return
-        self._next_store_check = now + STORE_CHECK_INTERVAL
-        try:
-            if not self._store.check([SHUTDOWN_KEY]):
-                return
-            info = json.loads(self._store.get(SHUTDOWN_KEY))
-        except Exception as err:
-            logger.debug("store check failed: %s", err)
+        notice = self._channel.poll_shutdown(force=force)
+        if notice is None:
             return
         self.outcome = OUTCOME_SHUTDOWN
-        with contextlib.suppress(Exception):
-            self._store.add(SHUTDOWN_ACK_KEY, 1)
-        self._events.record("control_request", cycle=self.cycle, action="ShutdownWorkload",
-                            description=info.get("description", ""), rank=info.get("rank"),
-                            from_node=info.get("node"))
-        logger.warning("node %s requested ShutdownWorkload: %s", info.get("node"), info.get("description"))
+        self._outcome_cause = f"node {notice.node} requested ShutdownWorkload: {notice.description}"
+        self._events.record("control_request", cycle=self.cycle, action=WorkloadAction.ShutdownWorkload.name,
+                            description=notice.description, rank=notice.rank, from_node=notice.node)
+        logger.warning("node %s requested ShutdownWorkload: %s", notice.node, notice.description)
 
-    def _stop_for_outcome(self, worker_group: WorkerGroup, result: RunResult,
-                          requests: list[ReceivedRequest]) -> RunResult:
-        decision = ("ShutdownWorkload requested: stopping all workers, no restart"
-                    if self.outcome == OUTCOME_SHUTDOWN
-                    else "ExcludeThisNode requested: stopping this node's workers and leaving the job")
-        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY):
+    def _stop_for_outcome(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        decision = outcome_decision(self.outcome or OUTCOME_SHUTDOWN)
+        if result.state in _FAILED_STATES:
             self._log_failures(worker_group, result, decision)
-        else:
-            logger.warning("%s", decision)
-        self._remaining_restarts = 0
+        else:  # the workers are still up: the request is the whole story
+            self._events.outcome_line(self.cycle, self._outcome_cause, decision)
+        self._remaining_restarts = 0  # torch's loop then stops the workers instead of restarting
         return RunResult(state=WorkerState.FAILED, failures=result.failures)
-
-    # ------------------------------------------------------------------ min-healthy
-
-    def _unhealthy_key(self, group_rank: int) -> str:
-        return f"{STORE_PREFIX}unhealthy/{group_rank}"
-
-    def _healthy_nodes(self, worker_group: WorkerGroup) -> int | None:
-        keys = [self._unhealthy_key(r) for r in range(worker_group.group_world_size)]
-        try:
-            unhealthy = sum(1 for key in keys if self._store.check([key]))
-        except Exception as err:
-            logger.warning("cannot read node health from the store: %s", err)
-            return None
-        return worker_group.group_world_size - unhealthy
-
-    def _enter_unhealthy_wait(self, worker_group: WorkerGroup) -> str | None:
-        """Mark this node unhealthy; return the decision text if the others keep running."""
-        try:
-            self._store.set(self._unhealthy_key(worker_group.group_rank), str(self.cycle))
-        except Exception as err:
-            logger.warning("cannot publish node health: %s", err)
-            return None
-        healthy = self._healthy_nodes(worker_group)
-        if healthy is None or healthy < self._min_nodes:
-            return None
-        self._unhealthy_wait = RunResult(state=WorkerState.FAILED)
-        return (f"min-healthy: {healthy} healthy node(s) >= minimum {self._min_nodes}; "
-                "this node's workers are not restarted for now")
-
-    def _wait_while_unhealthy(self, worker_group: WorkerGroup) -> RunResult:
-        healthy = self._healthy_nodes(worker_group)
-        if healthy is not None and healthy < self._min_nodes:
-            self._events.record("min_healthy_restart", cycle=self.cycle, healthy_nodes=healthy,
-                                min_nodes=self._min_nodes)
-            logger.warning("min-healthy: only %s healthy node(s) left (< %s); restarting the workload",
-                           healthy, self._min_nodes)
-            self._unhealthy_wait = None
-            return RunResult(state=WorkerState.FAILED)
-        return RunResult(state=WorkerState.HEALTHY)
 
     # ------------------------------------------------------------------ stopping
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        super()._stop_workers(worker_group)
-        self._close_pidfds()
-        self._reap_leftovers()
+        # torch's LocalElasticAgent._stop_workers is `self._shutdown()` with its default 30 s
+        # (test_torch_hooks checks); our stops between cycles take --term-timeout instead.
+        self._shutdown(timeout=self._term_timeout)
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        # torch's _stop_workers calls _shutdown() with its default 30 s; --term-timeout rules.
-        super()._shutdown(death_sig, self._shutdown_timeout)
-        self._close_pidfds()
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop the workers: ``death_sig`` to their process groups, SIGKILL after ``timeout`` s.
+
+        torch calls this from its ``run`` with our ``--term-timeout`` (as ``shutdown_timeout``),
+        also after a signal to the launcher (``death_sig`` is that signal), and we call it from
+        :meth:`_stop_workers`. torch's own stop path takes whole seconds, so the wait itself is
+        ours (:meth:`launcher.processes.WorkerProcesses.terminate`, exact to the fraction);
+        torch's ``_shutdown`` then finds the workers gone and only releases its resources (given
+        the timeout rounded up, in case a worker started after our pid list). When the workers
+        got ``death_sig`` themselves (sent to the whole job), it is not sent again: they only get
+        their ``timeout``, warm and cold alike. :attr:`stopped_cleanly` tells how it ended.
+        """
+        if self._reassert_signal_handlers is not None:
+            self._reassert_signal_handlers()  # torch's own handlers would raise on a second signal
+        delivered = self._stop_signal_delivered(death_sig) if self._stop_signal_delivered is not None else False
+        killed = self._workers.terminate(self._workers.pids, timeout, death_sig, already_signalled=delivered)
+        statuses = self._workers.exit_statuses()
+        self.stopped_cleanly = not killed and all(status == 0 for status in statuses.values())
+        super()._shutdown(death_sig, math.ceil(timeout))
+        self._workers.close()
         self._reap_leftovers()
 
     def _reap_leftovers(self) -> None:
         """Kill what workers left behind: their process groups and re-parented orphans."""
-        killed = processes.kill_leftovers(
-            worker_pids=list(self._worker_pids.values()), keep=set(self._monitors.pids()),
-            keep_alone={self._warm.pid} if self._warm is not None and self._warm.pid else set(),
-        )
+        template = self._warm.pid if self._warm is not None else None
+        killed = processes.kill_leftovers(worker_pids=self.worker_pids, keep=set(self._monitors.pids()),
+                                          keep_alone={template, *self._helper_pids} - {None})
         if killed:
             logger.warning("killed %s process(es) left behind by workers: %s", len(killed), sorted(killed))
             self._events.record("leftovers_killed", cycle=self.cycle, pids=sorted(killed))
 
-    def forward_signal(self, sig: signal.Signals) -> None:
-        """Send ``sig`` to every worker's process group (e.g. SLURM's SIGUSR1 warning)."""
-        for pid in self._worker_pids.values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
-        self._events.record("signal_forwarded", cycle=self.cycle, signal=sig.name,
-                            worker_pids=sorted(self._worker_pids.values()))
 
+class _WorkerPidLogFilter(logging.Filter):
+    """torch's own log lines name the process torch started, under warm restarts a stand-in;
+    this makes them name the worker's own pid, as every line of ours does."""
 
-def _exit_text(exitcode: int) -> str:
-    if exitcode < 0:
-        try:
-            return f"signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"signal {-exitcode}"
-    return f"exit code {exitcode}"
+    def __init__(self, workers: processes.WorkerProcesses) -> None:
+        super().__init__()
+        self.workers = workers
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        index = TORCH_PID_LINES.get(record.msg) if isinstance(record.msg, str) else None
+        if index is not None and isinstance(record.args, tuple) and len(record.args) > index:
+            pid = record.args[index]
+            if isinstance(pid, int):
+                args = list(record.args)
+                args[index] = self.workers.worker_pid(pid)
+                record.args = tuple(args)
+        return True
 
 
 def _round(value: float | None) -> float | None:

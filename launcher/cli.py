@@ -14,34 +14,39 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import sys
-from typing import Any
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, NoReturn
 
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ft_core.config import ConfigError, FaultToleranceConfig, parse_cli_value
+from ft_core import reference_options
+from ft_core.config import (
+    MAX_SECONDS,
+    ConfigError,
+    FaultToleranceConfig,
+    MissingSectionError,
+    parse_seconds,
+)
+from ft_core.env import (
+    AUTORESUME_RUN_DIR_ENV_VAR,
+    FT_LAUNCHER_EVENT_LOG_ENV_VAR,
+    FT_LAUNCHER_WARM_RESTARTS_ENV_VAR,
+    FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
+)
+from ft_core.reference_options import REFERENCE_ONLY_OPTIONS
+from launcher import exit_codes
+from launcher.warm import DEFAULT_PRELOAD, START_DELAY
 
 logger = logging.getLogger("launcher")
 
-FIELD_HELP = {
-    "workload_check_interval": "Seconds between a monitor's housekeeping checks (launcher alive, "
-    "rank process alive). Hang detection itself is deadline-driven. Default 5.",
-    "initial_rank_heartbeat_timeout": "Seconds from client init to the first heartbeat; 'null' = "
-    "no limit. Default 3600.",
-    "rank_heartbeat_timeout": "Seconds allowed between heartbeats; 'null' = no limit. Default 2700.",
-    "rank_section_timeouts": "Section timeouts as 'name:seconds,...', e.g. "
-    "'setup:600,step:180,checkpointing:420' (seconds may be 'null').",
-    "rank_out_of_section_timeout": "Seconds allowed with no section open; 'null' = no limit "
-    "(default).",
-    "safety_factor": "Calculated timeouts = this factor x the longest observed interval. Default 5.",
-    "rank_termination_signal": "Signal sent to a hung rank after SIGCONT (name or number). "
-    "Default SIGKILL.",
-    "log_level": "Log level of monitors and clients (DEBUG, INFO, ...). Default INFO.",
-    "restart_policy": "any-failed (default): restart all workers when any fails. min-healthy: "
-    "restart only when fewer nodes than the minimum of --nnodes are healthy.",
-}
-
+DEFAULT_WORKERS_STOP_TIMEOUT = 2.0
+"""Default of ``--workers-stop-timeout`` (the reference's is 30 s: see docs/porting.md); equals
+``launcher.agent.RESTART_GRACE_SECONDS`` (tests/unit/test_launcher_cli.py checks)."""
 
 def _flag_spellings(field: str) -> list[str]:
     dashed = field.replace("_", "-")
@@ -51,10 +56,21 @@ def _flag_spellings(field: str) -> list[str]:
     return list(dict.fromkeys(spellings))
 
 
+def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """argparse's ``error``, message first: torchrun's usage text is 33 lines that hide it."""
+    parser.exit(exit_codes.EXIT_USAGE,
+                f"{parser.prog}: error: {message}\nRun '{parser.prog} --help' for the options.\n")
+
+
 def get_args_parser() -> argparse.ArgumentParser:
-    """The complete ``ft_launcher`` parser: torchrun's plus the fault tolerance group."""
+    """The complete ``ft_launcher`` parser: torchrun's plus the fault tolerance group.
+
+    Usage errors (``parser.error``) print the message and a pointer to ``--help``, not the usage
+    text, and exit with code 2.
+    """
     parser = torch_run.get_args_parser()
     parser.prog = "ft_launcher"
+    parser.error = types.MethodType(_usage_error, parser)  # type: ignore[method-assign]
     # No abbreviated options: argparse checks every argument, the training script's too, against
     # option prefixes, and with our extra options a script argument such as --ft or --warm would
     # be an "ambiguous option" error.
@@ -63,15 +79,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser.description = (
         "torchrun with fault tolerance: rank monitors detect hangs, failed or hung worker\n"
         "groups are restarted (up to --max-restarts: restarts of the worker group by this\n"
-        "launcher, as in torchrun), and every failure is explained.\n\n"
-        "exit codes:\n"
-        "  0      workers succeeded\n"
-        "  1      workers failed and no restarts were left (or rendezvous failed)\n"
-        "  2      invalid arguments or configuration\n"
-        "  64     ShutdownWorkload requested by a rank: do not continue\n"
-        "  65     ExcludeThisNode requested for this node\n"
-        "  128+N  stopped by signal N (143 = SIGTERM, 130 = SIGINT)"
+        "launcher, as in torchrun), and every failure is explained."
     )
+    parser.epilog = exit_codes.help_epilog()
     group = parser.add_argument_group(
         "fault tolerance",
         "Configuration precedence: defaults < YAML file (--fault-tol-cfg-path) < --ft-param-*. "
@@ -84,12 +94,27 @@ def get_args_parser() -> argparse.ArgumentParser:
     )
     for field in FaultToleranceConfig.field_names():
         group.add_argument(*_flag_spellings(field), dest=f"ft_param_{field}", default=None,
-                           metavar="VALUE", help=FIELD_HELP.get(field, field))
+                           metavar=FaultToleranceConfig.field_spec(field).metavar,
+                           help=FaultToleranceConfig.field_help(field).replace("%", "%%"))
     group.add_argument(
-        "--term-timeout", "--term_timeout", dest="term_timeout", type=float, default=None,
+        "--ft-ignore-missing-cfg", "--ft_ignore_missing_cfg", "--ignore-missing-fault-tol-cfg",
+        dest="ft_ignore_missing_cfg", action="store_true",
+        help="A --fault-tol-cfg-path that does not exist (or has no 'fault_tolerance' section) means "
+        "the defaults and the --ft-* options, with a warning, instead of an error.",
+    )
+    group.add_argument(
+        "--workers-stop-timeout", "--workers_stop_timeout", dest="workers_stop_timeout",
+        default=None, metavar="SECONDS",
+        help="After a worker failed, the surviving workers get SIGTERM and this long before SIGKILL, "
+        "before the restart (fractions kept; 0 = SIGKILL at once). Short, because a worker whose "
+        f"peer died is often stuck in a collective. Default: {DEFAULT_WORKERS_STOP_TIMEOUT:g} s.",
+    )
+    group.add_argument(
+        "--term-timeout", "--term_timeout", dest="term_timeout", default=None,
         metavar="SECONDS",
         help="When stopping workers (SIGTERM/SIGINT to the launcher, or a restart), wait this "
-        "long after SIGTERM before SIGKILL. Default: --shutdown-timeout, i.e. 30 s.",
+        "long after SIGTERM before SIGKILL (fractions of a second are kept; 0 = SIGKILL at once). "
+        "Default: --shutdown-timeout, i.e. 30 s.",
     )
     group.add_argument(
         "--no-warm-restarts", "--no_warm_restarts", dest="warm_restarts", action="store_false",
@@ -98,43 +123,33 @@ def get_args_parser() -> argparse.ArgumentParser:
         "interpreter start and 'import torch' (Python entry points only).",
     )
     group.add_argument(
-        "--warm-preload", "--warm_preload", dest="warm_preload", default="torch,torch.distributed",
+        "--warm-preload", "--warm_preload", dest="warm_preload", default=",".join(DEFAULT_PRELOAD),
         metavar="MODULES",
-        help="Comma-separated modules the warm template imports (default: torch,torch.distributed; "
+        help=f"Comma-separated modules the warm template imports (default: {','.join(DEFAULT_PRELOAD)}; "
         "add e.g. lightning.pytorch for Lightning jobs).",
     )
     group.add_argument(
         "--ft-event-log", "--ft_event_log", dest="ft_event_log", default=None, metavar="PATH",
         help="Append one JSON record per cycle, failure, control request and result to PATH "
         "('{node}' is replaced by the host name). Default: <--log-dir>/ft_events.jsonl when "
-        "--log-dir is given, else kept in memory and summarised at exit.",
+        f"--log-dir is given, else ${AUTORESUME_RUN_DIR_ENV_VAR}/ft_events.jsonl under "
+        "autoresume.sh, else kept in memory and summarised at exit. ft_report reads it.",
     )
+    _add_reference_only_options(parser)
     return parser
 
 
-def build_ft_config(args: argparse.Namespace) -> FaultToleranceConfig:
-    """Effective config from defaults, the YAML file and ``--ft-param-*`` values.
-
-    Raises:
-        ConfigError: With a message naming the offending flag or file.
-    """
-    values: dict[str, Any] = {}
-    if args.ft_cfg_path:
-        values.update(FaultToleranceConfig.read_yaml_section(args.ft_cfg_path))
-        try:
-            FaultToleranceConfig.from_kwargs(**values)
-        except ConfigError as err:
-            raise ConfigError(f"{args.ft_cfg_path}: {err}") from None
-    for field in FaultToleranceConfig.field_names():
-        raw = getattr(args, f"ft_param_{field}", None)
-        if raw is None:
-            continue
-        try:
-            values[field] = parse_cli_value(field, raw)
-            FaultToleranceConfig.from_kwargs(**{field: values[field]})
-        except ConfigError as err:
-            raise ConfigError(f"--ft-param-{field}={raw!r}: {err}") from None
-    return FaultToleranceConfig.from_kwargs(**values)
+def _add_reference_only_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "options of nvidia-resiliency-ext for features ptl-resiliency does not have",
+        "Accepted so that command lines written for it run: a value that leaves the feature off "
+        "(or only tunes it) is ignored with one warning line; a value that asks for the feature "
+        "is an error naming the option. See docs/launcher.md.",
+    )
+    for option in REFERENCE_ONLY_OPTIONS:
+        spellings = _flag_spellings(option.name) + [f"--ft_param_{option.name}"]
+        group.add_argument(*dict.fromkeys(spellings), dest=f"ft_{option.name}", default=None,
+                           metavar=option.metavar, help=f"nvidia-resiliency-ext: {option.feature}.")
 
 
 def _configure_logging(level: int) -> None:
@@ -149,22 +164,238 @@ def _configure_logging(level: int) -> None:
         log.propagate = False
 
 
+@dataclass(frozen=True)
+class LauncherOptions:
+    """The launcher's own options: how it stops workers, warm restarts, the event log.
+
+    They are not fault tolerance config fields (monitors and ranks never see them). Built and
+    checked once, by :meth:`from_args`, from the command line and the launcher's environment
+    variables (named in :mod:`ft_core.env`); the rest of the launcher reads only this object.
+
+    Attributes:
+        term_timeout: ``--term-timeout``: seconds between SIGTERM and SIGKILL when workers are
+            stopped (fractions kept); None = torchrun's ``--shutdown-timeout``.
+        warm_restarts: False with ``--no-warm-restarts`` or ``FT_LAUNCHER_WARM_RESTARTS=0``.
+        warm_preload: ``--warm-preload``: modules the warm template imports.
+        warm_start_delay: ``FT_LAUNCHER_WARM_START_DELAY``: start the template at the latest
+            this long after a cycle's workers started (0 = at once).
+        event_log: ``--ft-event-log``, else ``FT_LAUNCHER_EVENT_LOG``, else
+            ``<--log-dir>/ft_events.jsonl`` when ``--log-dir`` is given, else
+            ``$AUTORESUME_RUN_DIR/ft_events.jsonl`` under ``scripts/autoresume.sh``, else None
+            (in memory).
+        event_log_source: Which of these gave ``event_log`` (for the effective-config lines).
+        workers_stop_timeout: ``--workers-stop-timeout``: seconds from SIGTERM to SIGKILL for
+            the surviving workers after a worker failed (before a restart).
+        ignored_options: One warning line per reference-only option given with a harmless value
+            (:mod:`ft_core.reference_options`); :func:`main` logs them.
+    """
+
+    term_timeout: float | None = None
+    warm_restarts: bool = True
+    warm_preload: tuple[str, ...] = DEFAULT_PRELOAD
+    warm_start_delay: float = START_DELAY
+    event_log: str | None = None
+    workers_stop_timeout: float = DEFAULT_WORKERS_STOP_TIMEOUT
+    ignored_options: tuple[str, ...] = ()
+    event_log_source: str = ""
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LauncherOptions:
+        """Build the options from parsed arguments and the environment (default ``os.environ``).
+
+        Raises:
+            ConfigError: An invalid value, or a reference-only option that asks for a feature we
+                lack; the message names the flag or variable and echoes the value.
+        """
+        environ = os.environ if environ is None else environ
+        term_timeout = None
+        if args.term_timeout is not None:
+            term_timeout = _seconds_or_zero("--term-timeout", args.term_timeout)
+        workers_stop_timeout = DEFAULT_WORKERS_STOP_TIMEOUT
+        if getattr(args, "workers_stop_timeout", None) is not None:
+            workers_stop_timeout = _seconds_or_zero("--workers-stop-timeout", args.workers_stop_timeout)
+        ignored = tuple(
+            reference_options.check(option, value, option.flag)
+            for option in REFERENCE_ONLY_OPTIONS
+            if (value := getattr(args, f"ft_{option.name}", None)) is not None
+        )
+        delay = environ.get(FT_LAUNCHER_WARM_START_DELAY_ENV_VAR)
+        event_log, event_log_source = _event_log_default(args, environ)
+        return cls(
+            term_timeout=term_timeout,
+            warm_restarts=_switch(FT_LAUNCHER_WARM_RESTARTS_ENV_VAR, environ) and args.warm_restarts,
+            warm_preload=tuple(m for m in args.warm_preload.split(",") if m),
+            warm_start_delay=(START_DELAY if delay is None
+                              else _seconds_or_zero(FT_LAUNCHER_WARM_START_DELAY_ENV_VAR, delay)),
+            event_log=event_log,
+            workers_stop_timeout=workers_stop_timeout,
+            ignored_options=ignored,
+            event_log_source=event_log_source,
+        )
+
+    def stop_timeout(self, shutdown_timeout: float) -> float:
+        """Seconds from SIGTERM to SIGKILL: ``--term-timeout``, else torchrun's ``shutdown_timeout``."""
+        return shutdown_timeout if self.term_timeout is None else self.term_timeout
+
+
+EVENT_LOG_NAME = "ft_events.jsonl"
+
+
+def _event_log_default(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The event log path and what chose it (see :attr:`LauncherOptions.event_log`)."""
+    if args.ft_event_log:
+        return args.ft_event_log, "--ft-event-log"
+    if environ.get(FT_LAUNCHER_EVENT_LOG_ENV_VAR):
+        return environ[FT_LAUNCHER_EVENT_LOG_ENV_VAR], FT_LAUNCHER_EVENT_LOG_ENV_VAR
+    if args.log_dir:
+        return os.path.join(args.log_dir, EVENT_LOG_NAME), "--log-dir"
+    if environ.get(AUTORESUME_RUN_DIR_ENV_VAR):
+        return os.path.join(environ[AUTORESUME_RUN_DIR_ENV_VAR], EVENT_LOG_NAME), AUTORESUME_RUN_DIR_ENV_VAR
+    return None, ""
+
+
+SOURCE_DEFAULT = "default"
+TORCHRUN_SHUTDOWN_TIMEOUT = 30  # torchrun's --shutdown-timeout default
+
+
+def config_sources(args: argparse.Namespace) -> dict[str, str]:
+    """Where each config field's effective value comes from.
+
+    Returns:
+        Field name -> ``"command line --ft-param-<field>"``, ``"file <path>"`` or
+        ``"default"``, by the precedence of :meth:`FaultToleranceConfig.from_args`.
+
+    Raises:
+        ConfigError: As :meth:`FaultToleranceConfig.from_args` (the YAML file cannot be read).
+    """
+    in_file: set[str] = set()
+    if args.ft_cfg_path and os.path.exists(args.ft_cfg_path):
+        try:
+            in_file = set(FaultToleranceConfig.read_yaml_section(args.ft_cfg_path))
+        except MissingSectionError:  # from_args accepted it (options given, or ignore-missing)
+            in_file = set()
+    sources = {}
+    for field in FaultToleranceConfig.field_names():
+        if getattr(args, f"ft_param_{field}", None) is not None or getattr(args, f"ft_{field}", None) is not None:
+            sources[field] = f"command line --ft-param-{field}"
+        elif field in in_file:
+            sources[field] = f"file {args.ft_cfg_path}"
+        else:
+            sources[field] = SOURCE_DEFAULT
+    return sources
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{'null' if v is None else f'{v:g}'}" for k, v in value.items()) or "(none)"
+    if value is None:
+        return "null"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def effective_config_lines(cfg: FaultToleranceConfig, sources: Mapping[str, str], options: LauncherOptions,
+                           args: argparse.Namespace) -> list[str]:
+    """What the launcher will do, as lines for its log: each non-default setting and its source.
+
+    Config fields whose value differs from the default, the launcher's own options that are
+    not at their defaults, and always where the event log goes (or that it is kept in memory).
+    """
+    defaults = FaultToleranceConfig().to_dict()
+    values = cfg.to_dict()
+    lines = [f"  {name} = {_shown(value)}  ({sources.get(name, SOURCE_DEFAULT)})"
+             for name, value in values.items() if value != defaults[name]]
+    if options.term_timeout is not None:
+        lines.append(f"  term timeout = {options.term_timeout:g} s  (--term-timeout)")
+    elif getattr(args, "shutdown_timeout", None) not in (None, TORCHRUN_SHUTDOWN_TIMEOUT):
+        lines.append(f"  term timeout = {args.shutdown_timeout} s  (--shutdown-timeout)")
+    if not options.warm_restarts:
+        source = "--no-warm-restarts" if not args.warm_restarts else f"{FT_LAUNCHER_WARM_RESTARTS_ENV_VAR}=0"
+        lines.append(f"  warm restarts = off  ({source})")
+    elif options.warm_preload != DEFAULT_PRELOAD:
+        lines.append(f"  warm preload = {','.join(options.warm_preload)}  (--warm-preload)")
+    if options.warm_start_delay != START_DELAY:
+        lines.append(f"  warm start delay = {options.warm_start_delay:g} s  ({FT_LAUNCHER_WARM_START_DELAY_ENV_VAR})")
+    head = ("effective configuration, non-default values (ft_launcher --help lists the defaults):" if lines
+            else "effective configuration: every fault tolerance setting has its default (ft_launcher --help)")
+    event_log = (f"  event log = {options.event_log}  ({options.event_log_source})" if options.event_log else
+                 "  event log: kept in memory only (--log-dir or --ft-event-log keep it for ft_report)")
+    return [head, *lines, event_log]
+
+
+def check_training_script(args: argparse.Namespace) -> None:
+    """Refuse a training script that does not exist: every restart would fail the same way.
+
+    A Python script must be a file; with ``--no-python`` the program must be a file or on
+    ``PATH``. A module (``-m``) is not checked (finding it means importing its package).
+
+    Raises:
+        ConfigError: Naming the script and the working directory it was looked for in.
+    """
+    script = args.training_script
+    if args.module:
+        return
+    if args.no_python:
+        found = os.path.isfile(script) if os.sep in script else shutil.which(script) is not None
+    else:
+        found = os.path.isfile(script)
+    if not found:
+        raise ConfigError(f"training script {script!r} not found (working directory {os.getcwd()}); "
+                          "nothing was started")
+
+
+def _switch(name: str, environ: Mapping[str, str]) -> bool:
+    """An on/off variable: ``1`` (or unset/empty) is on, ``0`` off.
+
+    Raises:
+        ConfigError: Any other value, named and echoed.
+    """
+    value = environ.get(name, "").strip()
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
+    return value != "0"
+
+
+def _seconds_or_zero(name: str, value: Any) -> float:
+    """:func:`ft_core.config.parse_seconds` (finite, at most ``MAX_SECONDS``), plus 0 ("at once").
+
+    Raises:
+        ConfigError: Naming ``name`` and echoing ``value``.
+    """
+    try:
+        if float(value) == 0:
+            return 0.0
+    except (TypeError, ValueError):
+        pass
+    try:
+        number = parse_seconds(name, value, allow_none=False)
+    except ConfigError:
+        raise ConfigError(f"{name} must be a number of seconds >= 0 and <= {MAX_SECONDS:g}, got {value!r}") from None
+    assert number is not None  # allow_none=False
+    return number
+
+
 @record
 def main(args: list[str] | None = None) -> None:
     """Console entry point of ``ft_launcher``; exits with a code from :mod:`launcher.exit_codes`."""
     parser = get_args_parser()
     ns = parser.parse_args(args)
+    _configure_logging(logging.WARNING)  # for warnings while the config is read
     try:
-        ft_cfg = build_ft_config(ns)
+        ft_cfg = FaultToleranceConfig.from_args(ns)
+        options = LauncherOptions.from_args(ns)
+        sources = config_sources(ns)
+        check_training_script(ns)
     except ConfigError as err:
         parser.error(str(err))
-    if ns.term_timeout is not None and ns.term_timeout < 0:
-        parser.error(f"--term-timeout must be >= 0, got {ns.term_timeout}")
     _configure_logging(min(ft_cfg.log_level, logging.INFO))
+    for line in options.ignored_options:
+        logger.warning("%s", line)
+    for line in effective_config_lines(ft_cfg, sources, options, ns):
+        logger.info("%s", line)
     # imports torch.distributed.elastic: only after the arguments were checked
     from launcher.launch import launch, must_exit_without_teardown
 
-    code = launch(ns, ft_cfg, parser)
+    code = launch(ns, ft_cfg, options, parser)
     if must_exit_without_teardown():
         logging.shutdown()
         sys.stdout.flush()

@@ -20,20 +20,19 @@ import queue
 import selectors
 import socket
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
 from ft_core import protocol
+from ft_core.data import WorkloadControlRequest
 from ft_core.errors import ProtocolError
+from ft_core.osutil import drain, wakeup_pair
 from ft_core.procfs import parent_pid
-from ft_core.workload_control import WorkloadControlRequest
 
 logger = logging.getLogger(__name__)
 
 REQUEST_READ_TIMEOUT = 5.0
 _MAX_ANCESTRY_DEPTH = 16
-_WARM_TEMPLATE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote.py")
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,6 @@ class ReceivedRequest:
     request: WorkloadControlRequest
     sender_pid: int
     rank: int | None
-    received_at: float
 
 
 class ControlServer:
@@ -57,13 +55,12 @@ class ControlServer:
         self.path = path
         self.requests: queue.Queue[ReceivedRequest] = queue.Queue()
         self._allowed_roots: frozenset[int] = frozenset()
+        self._template_pid: int | None = None
         self._lock = threading.Lock()
         self._listener = protocol.listen_unix(path, 16)
         self._wake_r, self._wake_w = socket.socketpair()
         # Readable whenever a request was queued, so the agent can wait for it with a selector.
-        self._notify_r, self._notify_w = socket.socketpair()
-        self._notify_r.setblocking(False)
-        self._notify_w.setblocking(False)
+        self._notify_r, self._notify_w = wakeup_pair()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="ft-control-server", daemon=True)
         self._thread.start()
@@ -73,14 +70,14 @@ class ControlServer:
         return self._notify_r.fileno()
 
     def clear_notify(self) -> None:
-        with contextlib.suppress(BlockingIOError, InterruptedError):
-            while self._notify_r.recv(4096):
-                pass
+        drain(self._notify_r)
 
-    def set_workers(self, pids: list[int]) -> None:
-        """Accept requests only from these processes (and their descendants) from now on."""
+    def set_workers(self, pids: list[int], template_pid: int | None = None) -> None:
+        """Accept requests only from these processes (and their descendants) from now on, and
+        from the processes forked by the warm template ``template_pid``."""
         with self._lock:
             self._allowed_roots = frozenset(pids)
+            self._template_pid = template_pid
 
     def close(self) -> None:
         """Stop the thread and remove the socket."""
@@ -105,29 +102,18 @@ class ControlServer:
                         self._accept_all()
 
     def _accept_all(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as err:
-                logger.warning("control socket accept failed: %s", err)
-                return
+        for conn, pid in protocol.accept_own_user(self._listener, logger, "control socket"):
             with conn:
-                self._handle(conn)
+                self._handle(conn, pid)
 
-    def _handle(self, conn: socket.socket) -> None:
-        pid, uid, _ = protocol.peer_credentials(conn)
+    def _handle(self, conn: socket.socket, pid: int) -> None:
         conn.settimeout(REQUEST_READ_TIMEOUT)
-        if uid != os.getuid():
-            logger.warning("control request refused: pid %s runs as uid %s, not %s", pid, uid, os.getuid())
-            return
         try:
             # Read before judging, so that a refused sender still gets the reason.
             message = protocol.recv_message(conn, REQUEST_READ_TIMEOUT)
             with self._lock:
-                roots = self._allowed_roots
-            if not _descends_from(pid, roots, os.getpid()):
+                roots, template = self._allowed_roots, self._template_pid
+            if not _descends_from(pid, roots, os.getpid(), template):
                 logger.warning("control request refused: pid %s is not one of this launcher's workers", pid)
                 self._reply(conn, {"type": protocol.MSG_ERROR, "error": "not a worker of this launcher"})
                 return
@@ -139,7 +125,7 @@ class ControlServer:
             self._reply(conn, {"type": protocol.MSG_ERROR, "error": str(err)})
             return
         rank = message.get("rank")
-        self.requests.put(ReceivedRequest(request, pid, rank if isinstance(rank, int) else None, time.time()))
+        self.requests.put(ReceivedRequest(request, pid, rank if isinstance(rank, int) else None))
         with contextlib.suppress(OSError):
             self._notify_w.send(b"r")
         self._reply(conn, {"type": protocol.MSG_OK})
@@ -150,9 +136,10 @@ class ControlServer:
             protocol.send_message(conn, message)
 
 
-def _descends_from(pid: int, roots: frozenset[int], launcher_pid: int) -> bool:
+def _descends_from(pid: int, roots: frozenset[int], launcher_pid: int, template_pid: int | None) -> bool:
     """True if ``pid`` is in ``roots`` or a descendant of one (following parent pids), or a
-    descendant of this launcher's warm template (a warm-started worker, see the module doc)."""
+    descendant of this launcher's warm template ``template_pid`` (a warm-started worker, see the
+    module doc)."""
     current = pid
     for _ in range(_MAX_ANCESTRY_DEPTH):
         if current in roots:
@@ -163,16 +150,6 @@ def _descends_from(pid: int, roots: frozenset[int], launcher_pid: int) -> bool:
         if parent == launcher_pid:
             # ``current`` is a child of the launcher: a worker (checked above), a monitor, or
             # the warm template, whose descendants are the warm-started workers.
-            return current != pid and _is_warm_template(current)
+            return current != pid and current == template_pid
         current = parent
     return False
-
-
-def _is_warm_template(pid: int) -> bool:
-    """True if ``pid`` runs this package's ``zygote.py`` (the launcher's warm template)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as stream:
-            argv = stream.read().split(b"\0")
-    except OSError:
-        return False
-    return len(argv) > 1 and os.fsdecode(argv[1]) == _WARM_TEMPLATE_SCRIPT

@@ -1,8 +1,12 @@
 """The launcher's event log: one JSON record per cycle, failure, request and result.
 
-Every failure also produces exactly one human-readable line on stderr. Records are appended
-with a single ``write`` on an ``O_APPEND`` file, so several launchers may share one file on a
-local filesystem. At exit the launcher prints a summary built from the same records.
+Every failure also produces exactly one human-readable line on stderr. Every record carries the
+launcher's run id (``--rdzv-id``, or the random one). Records are appended with a single
+``write`` on an ``O_APPEND`` file under an exclusive ``lockf`` lock (which NFS honours, where
+``O_APPEND`` alone is not atomic), so the launchers of several nodes and of successive attempts
+(``scripts/autoresume.sh``) share one file; a line left incomplete by a killed launcher is
+closed before the next record. At exit the launcher prints a summary built from the same
+records. ``ft_report`` (:mod:`launcher.report`) reads the file back.
 """
 
 from __future__ import annotations
@@ -10,43 +14,23 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import fcntl
 import json
 import logging
 import os
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from ft_core.deadlines import HangKind
+from launcher.culprit import COLLATERAL, LOST, ROOT
+from launcher.failures import KIND_EXIT, KIND_HANG, KIND_SIGNAL, FailureRecord
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class FailureRecord:
-    """Why one worker failed in one cycle.
-
-    Attributes:
-        cycle: Cycle index (0 = first start).
-        rank: Global rank (``None`` if unknown).
-        local_rank: Local rank on this node.
-        pid: Worker process id.
-        cause: Human-readable cause, e.g. ``hang: section 'step' open 12.3 s > timeout 10.0 s``,
-            ``exit code 1`` or ``signal SIGSEGV``.
-        kind: ``hang``, ``exit``, ``signal`` or ``terminated`` (stopped by us after another
-            worker failed).
-        detected_at: Wall-clock time of detection (epoch seconds).
-        detail: Extra fields (hang kind, section, elapsed, timeout, exit code...).
-    """
-
-    cycle: int
-    rank: int | None
-    local_rank: int
-    pid: int | None
-    cause: str
-    kind: str
-    detected_at: float
-    detail: dict[str, Any] = field(default_factory=dict)
+_ROOT_KINDS = frozenset({KIND_HANG, KIND_EXIT, KIND_SIGNAL})
+"""Failure kinds whose root record blames its node (see :meth:`EventLog.last_cycle_root_nodes`)."""
 
 
 class EventLog:
@@ -57,18 +41,21 @@ class EventLog:
             path is replaced by the host name.
         node: Host name recorded in every event.
         stream: Where failure lines and the summary go.
+        run_id: The launcher's run id, recorded in every event (set it before the first record).
     """
 
-    def __init__(self, path: str | None, node: str | None = None, stream: TextIO | None = None):
+    def __init__(self, path: str | None, node: str | None = None, stream: TextIO | None = None,
+                 run_id: str | None = None):
         self.node = node or socket.gethostname()
         self.path = path.replace("{node}", self.node) if path else None
+        self.run_id = run_id
         self._stream = stream or sys.stderr
         self._fd: int | None = None
         self.records: list[dict[str, Any]] = []
         if self.path:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
         """Append one record and return it."""
@@ -79,24 +66,44 @@ class EventLog:
             "ts": round(now, 4),
             "node": self.node,
             "pid": os.getpid(),
+            "run_id": self.run_id,
             **fields,
         }
         self.records.append(entry)
         if self._fd is not None:
             line = (json.dumps(entry, default=str, separators=(",", ":")) + "\n").encode()
             try:
-                os.write(self._fd, line)
+                self._append(line)
             except OSError as err:
                 logger.warning("cannot write to event log %s: %s", self.path, err)
         return entry
 
+    def _append(self, line: bytes) -> None:
+        """One ``write`` under the file's lock, after closing a line a killed writer left open."""
+        assert self._fd is not None
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        try:
+            size = os.fstat(self._fd).st_size
+            if size and os.pread(self._fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
+            os.write(self._fd, line)
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
     def failure(self, failure: FailureRecord, decision: str) -> None:
-        """Record a worker failure and print its one stderr line."""
+        """Record a worker failure and print its one stderr line.
+
+        The root's line says what it did and who waited for it; a collateral rank's line names
+        the rank it was waiting for.
+        """
         rank = "?" if failure.rank is None else failure.rank
-        self._print(
-            f"[ft_launcher] cycle {failure.cycle}: rank {rank} (local rank {failure.local_rank}, "
-            f"pid {failure.pid}) on node {self.node} failed: {failure.cause}; {decision}"
-        )
+        who = (f"[ft_launcher] cycle {failure.cycle}: rank {rank} (local rank {failure.local_rank}, "
+               f"pid {failure.pid}) on node {self.node}")
+        if failure.role == ROOT:
+            explained = f"; {failure.explanation}" if failure.explanation else ""
+            self._print(f"{who} failed: {failure.cause}{explained}; {decision}")
+        else:
+            self._print(f"{who} {failure.explanation or 'stopped'} (collateral: {failure.cause}); {decision}")
         self.record(
             "failure",
             cycle=failure.cycle,
@@ -105,34 +112,80 @@ class EventLog:
             worker_pid=failure.pid,
             cause=failure.cause,
             cause_kind=failure.kind,
+            role=failure.role,
+            explanation=failure.explanation,
             detected_at=failure.detected_at,
             decision=decision,
-            **failure.detail,
+            **_plain(failure.detail),
         )
 
+    def outcome_line(self, cycle: int, cause: str, decision: str) -> None:
+        """Print the stderr line for a run stopped by a workload control request (no failure)."""
+        self._print(f"[ft_launcher] cycle {cycle}: {cause or 'workload control request'}; {decision}")
+
     def summary(self) -> str:
-        """Build, print and record a short summary of the run from the records so far."""
+        """Build, print and record a short summary of the run from the records so far.
+
+        Failures are counted as incidents: one per failed cycle of this node, named by its root
+        (a freeze and the ranks that stopped waiting for it are one incident). A run without
+        failures shows no failure statistics.
+        """
         cycles = [r for r in self.records if r["event"] == "cycle_start"]
-        failures = [r for r in self.records if r["event"] == "failure" and r["cause_kind"] != "terminated"]
-        by_kind = collections.Counter(_summary_kind(r) for r in failures)
+        failures = [r for r in self.records if r["event"] == "failure"]
+        incidents: dict[Any, str] = {}
+        for record in failures:
+            key = record.get("cycle")
+            if record.get("role", ROOT) == ROOT or key not in incidents:
+                incidents[key] = _incident_kind(record)
+        collateral = sum(1 for r in failures if r.get("role") == COLLATERAL)
+        escalated = sum(1 for r in self.records if r["event"] == "rank_escalated")
+        by_kind = collections.Counter(incidents.values())
         lost = sum(r.get("since_failure_s") or 0.0 for r in cycles)
         result = next((r for r in reversed(self.records) if r["event"] == "result"), None)
-        parts = [
-            f"{len(cycles)} cycle(s)",
-            f"{len(failures)} failure(s)" + (
-                " (" + ", ".join(f"{k}: {v}" for k, v in sorted(by_kind.items())) + ")" if by_kind else ""
-            ),
-            f"{lost:.1f} s from failure detection to restarted workers",
-        ]
+        parts = [f"{len(cycles)} {'cycle' if len(cycles) == 1 else 'cycles'}"]
+        if incidents:
+            kinds = ", ".join(f"{count} × {kind}" for kind, count in sorted(by_kind.items(), key=lambda kv: -kv[1]))
+            parts.append(f"{len(incidents)} {'incident' if len(incidents) == 1 else 'incidents'}: {kinds}")
+            if collateral:
+                parts.append(f"{collateral} {'rank' if collateral == 1 else 'ranks'} stopped as collateral")
+            if escalated:
+                parts.append(f"{escalated} hung {'rank' if escalated == 1 else 'ranks'} needed SIGKILL")
+            parts.append(f"{lost:.1f} s from failure detection to restarted workers")
         if result is not None:
             parts.append(f"result: {result['outcome']} (exit code {result['exit_code']})")
         text = "[ft_launcher] summary: " + "; ".join(parts)
         self._print(text)
         if self.path:
             self._print(f"[ft_launcher] event log: {self.path}")
-        self.record("summary", cycles=len(cycles), failures=len(failures), failures_by_kind=dict(by_kind),
-                    restart_seconds=round(lost, 3))
+        self.record("summary", cycles=len(cycles), incidents=len(incidents), incidents_by_kind=dict(by_kind),
+                    collateral=collateral, escalated=escalated, failures=len(incidents),
+                    failures_by_kind=dict(by_kind), restart_seconds=round(lost, 3))
         return text
+
+    def last_cycle_root_nodes(self) -> list[str]:
+        """The nodes this launcher's records name as the root of the last started cycle's failure.
+
+        A root record names its own node; a collateral one names the root's (``root_node``).
+        Only hangs, crashes and lost nodes count (not "worker group unhealthy", where torch named
+        no worker), and only the last cycle: an earlier failure was recovered from in the job.
+
+        Returns:
+            Host names in the order first named; empty if the last cycle recorded no failure.
+        """
+        cycles = [r.get("cycle") for r in self.records if r["event"] == "cycle_start"]
+        if not cycles:
+            return []
+        nodes: list[str] = []
+        for record in self.records:
+            if record["event"] != "failure" or record.get("cycle") != cycles[-1]:
+                continue
+            if record.get("role", ROOT) == ROOT:
+                node = record.get("node") if record.get("cause_kind") in _ROOT_KINDS else None
+            else:
+                node = record.get("root_node")
+            if isinstance(node, str) and node and node not in nodes:
+                nodes.append(node)
+        return nodes
 
     def close(self) -> None:
         if self._fd is not None:
@@ -145,10 +198,20 @@ class EventLog:
             print(text, file=self._stream, flush=True)
 
 
-def _summary_kind(record: dict[str, Any]) -> str:
-    if record["cause_kind"] == "hang":
+def _plain(detail: dict[str, Any]) -> dict[str, Any]:
+    """A failure's detail as the record holds it: a :class:`HangKind` as its ``.value`` string."""
+    return {key: value.value if isinstance(value, HangKind) else value for key, value in detail.items()}
+
+
+def _incident_kind(record: dict[str, Any]) -> str:
+    """How the summary names an incident, from its root's record (or a collateral one)."""
+    if record.get("role", ROOT) != ROOT:
+        if record.get("root_outcome") == LOST:  # a node that sent no view (rule 4 of launcher.culprit)
+            return "lost node"
+        return "root on another node" if record.get("root_node") is not None else "root unknown"
+    if record["cause_kind"] == KIND_HANG:
         hang = record.get("hang_kind", "hang")
         return f"hang ({hang}{' ' + repr(record['section']) if record.get('section') else ''})"
-    if record["cause_kind"] == "signal":
-        return record["cause"]
+    if record["cause_kind"] in (KIND_SIGNAL, KIND_EXIT):
+        return f"crash ({record['cause']})"
     return record["cause_kind"]

@@ -1,20 +1,62 @@
-"""The node's rank monitors: one per local rank, started once, replaced when one dies."""
+"""The node's rank monitors: one per local rank, started once, replaced when one dies or stops
+answering.
+
+Besides starting and replacing them, the pool asks them questions on their launcher links, all
+monitors at once, each question bounded in time (:meth:`MonitorPool.ask`): ``ping`` (the
+liveness probe at each cycle start, :meth:`MonitorPool.replace_dead`), ``progress_query`` and
+``capture_stacks`` (the evidence the agent gathers when a cycle fails).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ft_core import protocol
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import MonitorProcess, RankMonitorServer
 from ft_core.monitor_link import MonitorLink
+from ft_core.monitor_process import MonitorProcess
+from ft_core.osutil import signals_blocked
+from ft_core.rank_monitor_server import RankMonitorServer
+from launcher import processes
 
 logger = logging.getLogger(__name__)
 
 STOP_TIMEOUT = 5.0
+PING_TIMEOUT = 2.0
+"""A monitor that does not answer ``ping`` within this (plus the stack capture budget, which
+it may be spending) is replaced."""
+UNRESPONSIVE = "unresponsive"
+EXITED = "exited"
+REPLIES = {
+    protocol.MSG_PING: protocol.MSG_PONG,
+    protocol.MSG_PROGRESS_QUERY: protocol.MSG_PROGRESS_REPORT,
+    protocol.MSG_CAPTURE_STACKS: protocol.MSG_STACKS_CAPTURED,
+}
+"""The answer a monitor gives to each question of the launcher (see ft_core.protocol)."""
+
+
+@dataclass(frozen=True)
+class Replaced:
+    """A monitor that :meth:`MonitorPool.replace_dead` replaced.
+
+    Attributes:
+        local_rank: Whose monitor.
+        exit_code: The old monitor's exit code (negative: signal), as it ended.
+        reason: :data:`EXITED` (it died, or its link broke) or :data:`UNRESPONSIVE` (no answer
+            to ``ping``: stopped or stuck; it was killed).
+        pid: The old monitor's pid.
+    """
+
+    local_rank: int
+    exit_code: int | None
+    reason: str
+    pid: int
 
 
 @dataclass
@@ -32,12 +74,15 @@ class MonitorPool:
         cfg: Configuration every monitor enforces.
         run_dir: Private directory for the sockets.
         local_world_size: Number of local ranks.
+        stacks_dir: Where monitors write the stacks of hung ranks (None: no files).
     """
 
-    def __init__(self, cfg: FaultToleranceConfig, run_dir: str, local_world_size: int) -> None:
+    def __init__(self, cfg: FaultToleranceConfig, run_dir: str, local_world_size: int,
+                 stacks_dir: str | None = None) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
         self.local_world_size = local_world_size
+        self.stacks_dir = stacks_dir
         self._slots: dict[int, _Slot] = {}
 
     def socket_path(self, local_rank: int) -> str:
@@ -49,12 +94,18 @@ class MonitorPool:
 
     def _start_ranks(self, local_ranks: Any) -> None:
         spawned = {}
+        extra = ["--stacks-dir", self.stacks_dir] if self.stacks_dir else []
         try:
             for local_rank in local_ranks:
-                spawned[local_rank] = MonitorProcess.spawn(
-                    self.cfg, self.socket_path(local_rank), is_restarter_logger=local_rank == 0,
-                    extra_args=["--name", f"local_rank {local_rank}", "--cleanup-dir", self.run_dir],
-                )
+                # Born with the step signals blocked, and they stay blocked: SLURM signals every
+                # process of a step, and a monitor must survive them (its own handlers are for a
+                # monitor run on its own); it learns of the launcher's end from its link.
+                with signals_blocked():
+                    spawned[local_rank] = MonitorProcess.spawn(
+                        self.cfg, self.socket_path(local_rank), is_restarter_logger=local_rank == 0,
+                        extra_args=["--name", f"local_rank {local_rank}", "--cleanup-dir", self.run_dir,
+                                    *extra],
+                    )
             for local_rank, process in spawned.items():
                 process.wait_ready(RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT)
                 self._slots[local_rank] = _Slot(local_rank, process.socket_path, process, MonitorLink(process.socket_path))
@@ -64,25 +115,81 @@ class MonitorPool:
                 process.join(STOP_TIMEOUT)
             raise
 
-    def replace_dead(self) -> list[tuple[int, int | None]]:
-        """Restart monitors that died or whose link broke.
+    def replace_dead(self, probe: bool = True) -> list[Replaced]:
+        """Restart monitors that died, whose link broke, or (``probe``) that do not answer a
+        ``ping`` within :data:`PING_TIMEOUT` plus the stack capture budget (e.g. stopped).
 
         Returns:
-            ``(local_rank, exit code of the dead monitor)`` for each one replaced.
+            One :class:`Replaced` per monitor replaced.
         """
-        dead = []
-        for local_rank, slot in sorted(self._slots.items()):
-            if slot.process.is_alive() and slot.link is not None and not slot.link.lost:
-                continue
+        reasons = {
+            local_rank: EXITED for local_rank, slot in self._slots.items()
+            if not (slot.process.is_alive() and slot.link is not None and not slot.link.lost)
+        }
+        if probe:
+            alive = [local_rank for local_rank in self._slots if local_rank not in reasons]
+            budget = self.cfg.stack_capture_budget or 0.0
+            answered = self.ask(alive, {"type": protocol.MSG_PING}, protocol.MSG_PONG, PING_TIMEOUT + budget)
+            reasons.update((local_rank, UNRESPONSIVE) for local_rank in alive if local_rank not in answered)
+        replaced = []
+        for local_rank, reason in sorted(reasons.items()):
+            slot = self._slots[local_rank]
             if slot.process.is_alive():
-                slot.process.kill()
+                slot.process.kill()  # SIGKILL also ends a stopped process
             slot.process.join(STOP_TIMEOUT)
-            dead.append((local_rank, slot.process.exitcode))
+            replaced.append(Replaced(local_rank, slot.process.exitcode, reason, slot.process.pid))
             if slot.link is not None:
                 slot.link.close()
-        if dead:
-            self._start_ranks([local_rank for local_rank, _ in dead])
-        return dead
+        if replaced:
+            self._start_ranks([r.local_rank for r in replaced])
+        return replaced
+
+    def ask(self, local_ranks: Iterable[int], message: dict[str, Any], reply_type: str,
+            timeout: float) -> dict[int, dict[str, Any]]:
+        """Send ``message`` to the monitors of ``local_ranks`` at once; collect their answers.
+
+        Returns:
+            Local rank -> answer (of ``reply_type``), for the monitors that answered in time.
+        """
+        answers = self.ask_each({local_rank: [message] for local_rank in local_ranks}, timeout)
+        return {local_rank: replies[reply_type] for local_rank, replies in answers.items() if reply_type in replies}
+
+    def ask_each(self, questions: dict[int, list[dict[str, Any]]], timeout: float) -> dict[int, dict[str, dict[str, Any]]]:
+        """Send each monitor its questions (in order), all monitors at once; collect the answers.
+
+        A monitor answers its questions in order; other messages that arrive meanwhile stay
+        for :meth:`poll_events`.
+
+        Args:
+            questions: Local rank -> requests (``ping``, ``progress_query``, ``capture_stacks``).
+            timeout: Seconds to wait for all answers in total.
+
+        Returns:
+            Local rank -> reply type -> answer, for the answers that arrived in time.
+        """
+        waiting: dict[int, tuple[MonitorLink, set[str]]] = {}
+        for local_rank, messages in questions.items():
+            slot = self._slots.get(local_rank)
+            if slot is None or slot.link is None or slot.link.lost or not messages:
+                continue
+            if all(slot.link.send(message) for message in messages):
+                waiting[local_rank] = (slot.link, {REPLIES[m["type"]] for m in messages})
+        answers: dict[int, dict[str, dict[str, Any]]] = {}
+        deadline = time.monotonic() + timeout
+        while waiting:
+            for local_rank, (link, expected) in list(waiting.items()):
+                for reply_type in list(expected):
+                    answer = link.take(reply_type)
+                    if answer is not None:
+                        answers.setdefault(local_rank, {})[reply_type] = answer
+                        expected.discard(reply_type)
+                if not expected or link.lost:
+                    del waiting[local_rank]
+            remaining = deadline - time.monotonic()
+            if not waiting or remaining <= 0:
+                break
+            processes.wait_for_any([link.fileno() for link, _ in waiting.values()], remaining)
+        return answers
 
     def worker_started(self, local_rank: int, pid: int, cycle: int, rank: int | None) -> None:
         slot = self._slots.get(local_rank)
@@ -100,7 +207,7 @@ class MonitorPool:
                 events.append((local_rank, event))
             if slot.link.lost and not was_lost:
                 slot.process.join(0.2)
-                events.append((local_rank, {"type": "monitor_lost", "exit_code": slot.process.exitcode,
+                events.append((local_rank, {"type": protocol.MSG_MONITOR_LOST, "exit_code": slot.process.exitcode,
                                             "monitor_pid": slot.process.pid}))
         return events
 

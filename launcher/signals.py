@@ -1,14 +1,31 @@
-"""Signals received by ``ft_launcher``.
+"""Signals received by ``ft_launcher``: what it does with each, and how often the workers see it.
 
-- SIGTERM, SIGINT, SIGHUP, SIGQUIT stop the run gracefully: the handler raises torch's
-  ``SignalException`` in the main thread; the agent then stops the workers (the same signal,
-  then SIGKILL after ``--term-timeout``), the launcher stops the monitors and exits 128+N.
-- SIGUSR1 and SIGUSR2 are forwarded to every worker's process group (SLURM sends them as a
-  walltime or preemption warning); the launcher itself keeps running.
+docs/launcher.md ("Signals") has the table for every signal and every way it can arrive. In short:
 
-A watchdog thread, woken through ``signal.set_wakeup_fd`` even while the main thread is stuck
-in C code (e.g. inside a rendezvous), ends the process if the graceful path has not finished
-within the grace period: workers get SIGKILL, monitors are killed, the run directory removed.
+- SIGTERM, SIGINT, SIGHUP, SIGQUIT (:data:`STOP_SIGNALS`) stop the run: the first raises torch's
+  ``SignalException`` in the main thread, the agent stops the workers (SIGKILL after
+  ``--term-timeout``), the launcher cleans up and exits 0 if every worker exited 0 within the
+  timeout, else 1. A second one while stopping is logged and changes nothing; a third forces the
+  stop at once (SIGKILL to every process of the run, run directory removed, result recorded, exit
+  128+N). A watchdog forces it too if the stop takes longer than ``--term-timeout`` + 30 s.
+- Every other signal of :data:`ft_core.osutil.STEP_SIGNALS` (:data:`RELAYED_SIGNALS`: SIGUSR1,
+  SIGUSR2, SIGALRM, ...) is for the workers; the launcher keeps running.
+
+Each worker must see each signal once. SLURM's step daemon signals every process of a step
+itself (``scancel -s``, ``--signal`` without ``B:``, the time limit); a terminal, ``kill PID`` or
+``scripts/autoresume.sh`` signal the launcher alone. The launcher tells the two apart through its
+sentinel (:mod:`launcher.sentinel`), a process that sits where the workers sit: if the sentinel
+got the signal too (within :data:`JOB_WIDE_WINDOW`), so did the workers, and the launcher passes
+nothing on; otherwise it sends the signal to each worker's process group itself (for a stop
+signal, as the first step of stopping them). Signals for workers that are not there to take them
+(a restart in progress) are queued (:class:`launcher.processes.WorkerProcesses`).
+
+Mechanics: Python handlers (``SIG_DFL`` would end the launcher) plus ``signal.set_wakeup_fd``,
+whose bytes wake a dispatcher thread even while the main thread is stuck in C code (inside a
+rendezvous, say). The dispatcher decides, counts stop signals, relays, and forces the stop when
+needed. The launcher itself never blocks signals: a blocked mask would be inherited by every
+process it starts, torch's workers included. Its helpers are started with the step signals
+blocked instead (:func:`ft_core.osutil.signals_blocked`) and never die of one.
 """
 
 from __future__ import annotations
@@ -19,93 +36,172 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
+from ft_core.osutil import STEP_SIGNALS
+
 logger = logging.getLogger(__name__)
 
-TERMINATION_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+RELAYED_SIGNALS = tuple(sig for sig in STEP_SIGNALS if sig not in STOP_SIGNALS)
+JOB_WIDE_WINDOW = 0.5
+"""Seconds within which the sentinel must have got a signal too for it to count as sent to the
+whole job: a step daemon signals the processes of a step one after the other. A signal for the
+launcher alone reaches the workers this much later."""
+FORCE_AFTER = 3
+"""The stop signal that forces the stop (like torchrun: the third)."""
 
 
 class SignalHandling:
-    """Installs the launcher's handlers; see the module docstring.
+    """Installs the launcher's handlers and runs the dispatcher thread; see the module docstring.
 
     Args:
-        forward: Called with SIGUSR1/SIGUSR2 to pass them to the workers.
-        emergency_stop: Called on the watchdog thread if a termination signal was not handled
-            within ``grace_seconds``; must not return (it exits the process).
+        route: Called (on the dispatcher thread) with a relayed signal and whether the workers
+            got it themselves; passes it on or queues it (the agent's ``forward_signal``).
+        force: Called on the dispatcher thread to force the stop (third stop signal, or the
+            graceful stop not finished within ``grace_seconds``); must not return.
+        job_wide: ``job_wide(sig, received_at)``: whether the workers got ``sig`` themselves
+            (the sentinel's :meth:`~launcher.sentinel.Sentinel.saw`); may wait up to
+            :data:`JOB_WIDE_WINDOW`.
         grace_seconds: Time the graceful stop may take.
     """
 
-    def __init__(self, forward: Callable[[signal.Signals], None],
-                 emergency_stop: Callable[[signal.Signals], None], grace_seconds: float) -> None:
-        self._forward = forward
-        self._emergency_stop = emergency_stop
+    def __init__(self, *, route: Callable[[signal.Signals, bool], None],
+                 force: Callable[[signal.Signals], None],
+                 job_wide: Callable[[signal.Signals, float], bool], grace_seconds: float) -> None:
+        self._route = route
+        self._force = force
+        self._job_wide = job_wide
         self._grace = grace_seconds
-        self.received: signal.Signals | None = None
+        self._may_raise = True
+        self._raised = False
+        self._stop: tuple[signal.Signals, bool] | None = None
+        self._stop_decided = threading.Event()
         self._rsock, self._wsock = socket.socketpair()
         self._rsock.setblocking(True)
         self._wsock.setblocking(False)
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="ft-signal-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._dispatch, name="ft-signals", daemon=True)
 
     def install(self) -> None:
-        """Install handlers (main thread only) and start the watchdog."""
+        """Install the handlers (main thread only) and start the dispatcher."""
         signal.set_wakeup_fd(self._wsock.fileno(), warn_on_full_buffer=False)
         self.reinstall()
         self._thread.start()
 
     def reinstall(self) -> None:
         """Re-assert our handlers (torch installs its own whenever it starts workers)."""
-        for sig in TERMINATION_SIGNALS:
-            signal.signal(sig, self._on_termination)
-        for sig in FORWARDED_SIGNALS:
-            signal.signal(sig, self._on_forwarded)
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop)
+        for sig in RELAYED_SIGNALS:
+            signal.signal(sig, self._on_relayed)
+
+    def begin_cleanup(self) -> None:
+        """From now on a stop signal no longer raises: the clean-up must run to its end. A
+        third stop signal still forces it (the dispatcher does that)."""
+        self._may_raise = False
+
+    @property
+    def stop_signal(self) -> signal.Signals | None:
+        """The first stop signal received (None before one arrived)."""
+        return self._stop[0] if self._stop is not None else None
+
+    def stop_delivered(self, sig: signal.Signals) -> bool:
+        """True if the launcher is stopping because of ``sig`` and the workers got it themselves
+        (sent to the whole job): the stop then only waits for them, it does not send it again."""
+        if not self._raised and self._stop is None:
+            return False
+        self._stop_decided.wait(JOB_WIDE_WINDOW + 5.0)
+        return self._stop is not None and self._stop[0] == sig and self._stop[1]
 
     def close(self) -> None:
-        """Stop the watchdog and restore default handlers."""
+        """Stop the dispatcher; signals arriving from now on are ignored (the launcher exits)."""
         self._closed.set()
         with contextlib.suppress(OSError):
             self._wsock.send(b"\0")
-        self._thread.join(2)
+        if self._thread.is_alive():
+            self._thread.join(JOB_WIDE_WINDOW + 2)
+        for sig in STOP_SIGNALS + RELAYED_SIGNALS:
+            with contextlib.suppress(ValueError):
+                signal.signal(sig, signal.SIG_IGN)
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(-1)
-        for sig in TERMINATION_SIGNALS + FORWARDED_SIGNALS:
-            with contextlib.suppress(ValueError):
-                signal.signal(sig, signal.SIG_DFL)
         self._rsock.close()
         self._wsock.close()
 
-    def _on_termination(self, signum: int, _frame: object) -> None:
-        sig = signal.Signals(signum)
-        if self.received is None:
-            self.received = sig
-            logger.warning("received %s: stopping workers, then monitors", sig.name)
-            raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=sig)
+    # ------------------------------------------------------------------ main thread
 
-    def _on_forwarded(self, signum: int, _frame: object) -> None:
-        sig = signal.Signals(signum)
-        logger.info("received %s: forwarding it to the workers", sig.name)
-        self._forward(sig)
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        if self._may_raise and not self._raised:
+            self._raised = True
+            raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
 
-    def _watch(self) -> None:
-        termination_seen: signal.Signals | None = None
+    def _on_relayed(self, signum: int, _frame: object) -> None:
+        """Nothing here: the dispatcher thread acts (it learns of the signal through the wakeup fd)."""
+
+    # ------------------------------------------------------------------ dispatcher thread
+
+    def _dispatch(self) -> None:
+        stops = 0
+        force_at: float | None = None
         while not self._closed.is_set():
-            timeout = self._grace if termination_seen is not None else None
+            timeout = None if force_at is None else max(0.0, force_at - time.monotonic())
             self._rsock.settimeout(timeout)
             try:
                 data = self._rsock.recv(64)
             except TimeoutError:
-                if not self._closed.is_set() and termination_seen is not None:
-                    logger.error("graceful stop did not finish within %.0f s; forcing it", self._grace)
-                    self._emergency_stop(termination_seen)
+                if not self._closed.is_set() and self._stop is not None:
+                    logger.error("the stop did not finish within %.0f s; forcing it", self._grace)
+                    self._force(self._stop[0])
                 return
             except OSError:
                 return
             for value in data:
-                with contextlib.suppress(ValueError):
+                if self._closed.is_set():
+                    return
+                try:
                     sig = signal.Signals(value)
-                    if sig in TERMINATION_SIGNALS and termination_seen is None:
-                        termination_seen = sig
+                except ValueError:
+                    continue
+                received_at = time.monotonic()
+                if sig in STOP_SIGNALS:
+                    stops += 1
+                    if stops == 1:
+                        self._first_stop(sig, received_at)
+                        force_at = received_at + self._grace
+                    elif stops < FORCE_AFTER:
+                        logger.warning("received %s again while stopping; the stop goes on "
+                                       "(a third stop signal forces it)", sig.name)
+                    else:
+                        logger.error("received %s a third time: forcing the stop", sig.name)
+                        self._force(sig)
+                        return
+                elif sig in RELAYED_SIGNALS:
+                    self._relay(sig, received_at)
+
+    def _first_stop(self, sig: signal.Signals, received_at: float) -> None:
+        job_wide = self._decide(sig, received_at)
+        self._stop = (sig, job_wide)
+        self._stop_decided.set()
+        logger.warning("received %s (%s): stopping the workers, then the monitors", sig.name,
+                       "sent to the whole job: the workers have it" if job_wide
+                       else "sent to the launcher: passing it to the workers")
+
+    def _relay(self, sig: signal.Signals, received_at: float) -> None:
+        job_wide = self._decide(sig, received_at)
+        logger.info("received %s (%s)", sig.name, "sent to the whole job: the workers have it"
+                    if job_wide else "sent to the launcher: passing it to the workers")
+        try:
+            self._route(sig, job_wide)
+        except Exception:  # the dispatcher must survive anything the agent raises
+            logger.exception("could not pass %s on to the workers", sig.name)
+
+    def _decide(self, sig: signal.Signals, received_at: float) -> bool:
+        try:
+            return self._job_wide(sig, received_at)
+        except Exception:  # without the sentinel's word, treat it as ours alone
+            logger.exception("cannot tell whether %s was sent to the whole job", sig.name)
+            return False

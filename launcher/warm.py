@@ -5,11 +5,14 @@ With warm restarts on (the default for Python entry points), every worker is sta
 imported; a restart then costs a fork instead of an interpreter start and ``import torch``.
 
 The template's own imports take seconds of CPU. Started together with a cycle's workers, it would
-compete with their imports on a small machine (measured on 2 cores: first step 4 s later), so the
-agent starts it only once the cycle's workers are up (all connected to their monitors) or
-:data:`START_DELAY` seconds after they started, whichever comes first. Until it is ready, and
-whenever it is gone, trampolines fall back to the plain cold start. A template that dies is
-replaced the same way in the next cycle.
+compete with their imports on a small machine (measured on 2 cores: first step 4 s later), so
+:class:`WarmCoordinator` starts it only once the cycle's workers are up (all connected to their
+monitors) or :data:`START_DELAY` seconds after they started, whichever comes first. Until it is
+ready, and whenever it is gone, trampolines fall back to the plain cold start. A template that
+dies is replaced the same way in the next cycle.
+
+:class:`WarmTemplate` is the process handle; :class:`WarmCoordinator` is what the agent calls
+at its hooks (when to start, whether the template is ready, replacement, and the event records).
 """
 
 from __future__ import annotations
@@ -21,24 +24,48 @@ import os
 import selectors
 import subprocess
 import sys
+import time
+from typing import Any
+
+from ft_core.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
+from ft_core.osutil import signals_blocked
+from launcher.events import EventLog
 
 logger = logging.getLogger(__name__)
 
 LAUNCHER_DIR = os.path.dirname(os.path.abspath(__file__))
 TRAMPOLINE = os.path.join(LAUNCHER_DIR, "trampoline.py")
 ZYGOTE = os.path.join(LAUNCHER_DIR, "zygote.py")
-ZYGOTE_SOCKET_ENV = "FT_WARM_TEMPLATE_SOCKET"
 STOP_TIMEOUT = 5.0
+DEFAULT_PRELOAD = ("torch", "torch.distributed")
+"""What the template imports unless ``--warm-preload`` says otherwise."""
 START_DELAY = 20.0
-"""Start the template at the latest this long after a cycle's workers started."""
+"""Start the template at the latest this long after a cycle's workers started (the default of
+``LauncherOptions.warm_start_delay``)."""
+RESOLVE_TIMEOUT = 10.0
+"""How long the launcher waits for a cycle's stand-ins to say which worker they stand in for."""
+MAX_TITLE_SPACE = 128 * 1024 - 1
+"""Linux's limit on one argument string (MAX_ARG_STRLEN - 1)."""
 
 
-def warm_start_delay() -> float:
-    """:data:`START_DELAY`, or ``FT_LAUNCHER_WARM_START_DELAY`` seconds when set."""
+def _stand_in_pending(pid: int) -> bool:
+    """True while ``pid`` has not decided yet: it still runs the trampoline as started, or has
+    not ``exec``\\ ed it yet (a fresh child shows the launcher's own command line, and none at
+    all in the middle of its ``exec``). False once it renamed itself (warm), ``exec``\\ ed the
+    cold command, or exited."""
     try:
-        return float(os.environ.get("FT_LAUNCHER_WARM_START_DELAY", START_DELAY))
-    except ValueError:
-        return START_DELAY
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            raw = stream.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as stream:
+            shown = stream.read()
+        with open("/proc/self/cmdline", "rb") as stream:
+            own = stream.read()
+    except OSError:  # gone
+        return False
+    if raw[raw.rfind(b")") + 2 : raw.rfind(b")") + 3] in (b"Z", b"X"):
+        return False
+    argv = shown.split(b"\0")
+    return not shown or shown == own or (len(argv) > 3 and os.fsdecode(argv[3]) == TRAMPOLINE)
 
 
 def warm_entrypoint(entrypoint: object, args: tuple) -> tuple[str, tuple] | None:
@@ -63,44 +90,82 @@ class WarmTemplate:
     def __init__(self, socket_path: str, preload: list[str]) -> None:
         self.socket_path = socket_path
         self.preload = preload
+        self.title_space = 256
+        """Bytes the template reserves in its command line for the workers' (see zygote.py)."""
         self._process: subprocess.Popen[bytes] | None = None
         self._ready_fd: int | None = None
+        self._buffer = b""
         self.status: dict | None = None
+        self.spawned: dict[int, int] = {}
+        """Stand-in (trampoline) pid -> the worker the template forked for it, as reported."""
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> None:
-        """Start the template; it becomes usable once its imports are done."""
+        """Start the template; it becomes usable once its imports are done.
+
+        It starts with the step signals blocked (it takes them itself, see zygote.py), and with
+        ``title_space`` bytes of padding in its command line: a forked worker writes its own
+        command line over the template's, which must be long enough for it.
+        """
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
-        env.pop(ZYGOTE_SOCKET_ENV, None)
+        env.pop(FT_WARM_TEMPLATE_SOCKET_ENV_VAR, None)
         try:
-            self._process = subprocess.Popen(
-                [sys.executable, ZYGOTE, "--socket", self.socket_path, "--parent-pid", str(os.getpid()),
-                 "--preload", ",".join(self.preload), "--ready-fd", str(write_fd)],
-                env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+            with signals_blocked():
+                self._process = subprocess.Popen(
+                    [sys.executable, ZYGOTE, "--socket", self.socket_path, "--parent-pid", str(os.getpid()),
+                     "--preload", ",".join(self.preload), "--ready-fd", str(write_fd),
+                     "--title-space", "." * min(self.title_space, MAX_TITLE_SPACE)],
+                    env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True,
+                )
         finally:
             os.close(write_fd)
+        os.set_blocking(read_fd, False)
         self._ready_fd = read_fd
+        self._buffer = b""
         self.status = None
+        self.spawned.clear()
 
     def poll_ready(self, timeout: float = 0.0) -> dict | None:
         """The template's ready report (failed preloads, CUDA state) once it is ready."""
-        if self.status is None and self._ready_fd is not None:
-            with selectors.DefaultSelector() as sel:
-                sel.register(self._ready_fd, selectors.EVENT_READ)
-                if sel.select(timeout):
-                    data = os.read(self._ready_fd, 65536)
-                    os.close(self._ready_fd)
-                    self._ready_fd = None
-                    if data:
-                        self.status = json.loads(data)
-                        for failure in self.status.get("failed_preloads", []):
-                            logger.warning("warm template could not preload %s", failure)
+        if self.status is None:
+            self.poll_reports(timeout)
         return self.status
+
+    def poll_reports(self, timeout: float = 0.0) -> None:
+        """Read what the template reported: its ready line, then one line per forked worker."""
+        if self._ready_fd is None:
+            return
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._ready_fd, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                return
+        try:
+            while chunk := os.read(self._ready_fd, 65536):
+                self._buffer += chunk
+        except BlockingIOError:
+            chunk = None
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for line in lines:
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if "spawned" in report:
+                self.spawned[int(report["stand_in"])] = int(report["spawned"])
+            elif self.status is None and report.get("ready"):
+                self.status = report
+                for failure in report.get("failed_preloads", []):
+                    logger.warning("warm template could not preload %s", failure)
+        if chunk == b"":  # the template is gone
+            self._close_ready_fd()
+
+    def report_fileno(self) -> int | None:
+        """Readable when the template reports something (None when there is no template)."""
+        return self._ready_fd
 
     @property
     def started(self) -> bool:
@@ -122,6 +187,7 @@ class WarmTemplate:
         return code
 
     def stop(self) -> None:
+        """Stop the template (SIGTERM, then SIGKILL after :data:`STOP_TIMEOUT`) and remove its socket."""
         if self._process is None:
             return
         if self._process.poll() is None:
@@ -139,3 +205,111 @@ class WarmTemplate:
         if self._ready_fd is not None:
             os.close(self._ready_fd)
             self._ready_fd = None
+
+
+class WarmCoordinator:
+    """The agent's side of warm restarts: when to start the template, readiness, replacement.
+
+    Args:
+        template: The node's template (not started yet).
+        events: Where ``warm_template_*`` records go.
+        start_delay: Start the template at the latest this long after a cycle's workers
+            started, even if not all of them are up yet.
+    """
+
+    def __init__(self, template: WarmTemplate, events: EventLog, start_delay: float = START_DELAY) -> None:
+        self.template = template
+        self._events = events
+        self._start_delay = start_delay
+        self._cycle_started_at = 0.0
+
+    def adopt(self, spec: Any) -> bool:
+        """Rewrite ``spec``'s command (a torch ``WorkerSpec``) to start workers through the trampoline.
+
+        Returns:
+            False (and ``spec`` unchanged) when the entry point cannot be warm-started; then
+            every worker starts cold.
+        """
+        command = warm_entrypoint(spec.entrypoint, spec.args)
+        if command is None:
+            logger.info("warm restarts need a Python entry point run by this interpreter; starting cold")
+            return False
+        # Room for a worker's "python -u script.py ARGS" (macros such as ${local_rank} grow a little).
+        self.template.title_space = len(" ".join(map(str, (sys.executable, *spec.args)))) + 256
+        spec.entrypoint, spec.args = command
+        return True
+
+    def before_cycle(self, cycle: int) -> bool:
+        """Before a cycle's workers start: forget a dead template, note a newly ready one.
+
+        Returns:
+            True if this cycle's workers will be forked from a ready template.
+        """
+        exit_code = self.template.forget_if_dead()
+        if exit_code is not None:
+            self._events.record("warm_template_replaced", cycle=cycle, exit_code=exit_code)
+        was_ready = self.template.status is not None
+        status = self.template.poll_ready()
+        if status is not None and not was_ready:
+            self._events.record("warm_template_ready", cycle=cycle, pid=self.template.pid, **status)
+        return status is not None and self.template.alive()
+
+    def workers_started(self, now: float | None = None) -> None:
+        """The cycle's workers were started at ``now`` (monotonic; default: now)."""
+        self._cycle_started_at = time.monotonic() if now is None else now
+
+    def maybe_start(self, cycle: int, workers_up: bool, now: float | None = None) -> bool:
+        """Start the template if it is not running and the cycle's workers are up (or the start
+        delay has passed). Returns True if it was started now."""
+        if self.template.started:
+            return False
+        now = time.monotonic() if now is None else now
+        if not workers_up and now < self._cycle_started_at + self._start_delay:
+            return False
+        self.template.start()
+        self._events.record("warm_template_started", cycle=cycle, pid=self.template.pid)
+        return True
+
+    def resolve_workers(self, stand_ins: dict[int, int], timeout: float = RESOLVE_TIMEOUT) -> dict[int, int]:
+        """The pid of each warm-forked worker (local rank -> pid) for the stand-ins torch started.
+
+        A stand-in is resolved once the template reported the worker it forked for it, or once
+        it no longer runs the trampoline: it ``exec``\\ ed the cold command (the same pid is
+        then the worker) or exited. The template reports a fork before the stand-in learns of
+        it (and renames itself), so a stand-in seen renamed has its report readable already.
+        Stand-ins not resolved within ``timeout`` are kept as they are (with a warning).
+        """
+        real: dict[int, int] = {}
+        pending = dict(stand_ins)
+        deadline = time.monotonic() + timeout
+        while pending:
+            self.template.poll_reports()
+            for local_rank, pid in list(pending.items()):
+                if pid in self.template.spawned or not _stand_in_pending(pid):
+                    self.template.poll_reports()
+                    real[local_rank] = self.template.spawned.pop(pid, pid)
+                    del pending[local_rank]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                logger.warning("warm start: stand-ins %s did not report their workers within %.0f s; "
+                               "logging the stand-ins' pids", sorted(pending.values()), timeout)
+                real.update(pending)
+                break
+            self.template.poll_reports(0.01)
+            if self.template.report_fileno() is None:
+                time.sleep(0.01)
+        return real
+
+    def worker_env(self) -> dict[str, str]:
+        """What each worker's environment needs: the template's socket, for the trampoline."""
+        return {FT_WARM_TEMPLATE_SOCKET_ENV_VAR: self.template.socket_path}
+
+    @property
+    def pid(self) -> int | None:
+        """The template's pid while it runs (its children are workers, not leftovers)."""
+        return self.template.pid
+
+    def stop(self) -> None:
+        """Stop the template (at the launcher's exit)."""
+        self.template.stop()

@@ -1,23 +1,41 @@
 """The warm template: a per-node process that imported torch once and forks workers on request.
 
 Most of a restart is a new worker's interpreter start and ``import torch`` (seconds on a CPU
-machine, tens of seconds on a GPU cluster). The launcher starts this template at launch; it
-imports the heavy modules (never initialising CUDA or a process group), listens on a Unix socket
+machine, tens of seconds on a GPU cluster). The launcher starts this template once a cycle's workers are
+up (see :class:`launcher.warm.WarmCoordinator`); it imports the heavy modules (never initialising CUDA or a process group), listens on a Unix socket
 in the launcher's private run directory, and for each request from a :mod:`launcher.trampoline`
 forks a worker that looks like a freshly started ``python [-u] script.py ARGS`` (or ``-m mod``):
 
 - its own session and process group (like torchrun's workers), SIGKILLed if the template dies;
 - the trampoline's environment, working directory, argv, and stdin/stdout/stderr (passed over
   the socket), so per-rank variables and torchrun's log redirection are exactly as without us;
-- ``sys.path`` as Python would set it for that script, default signal handlers, reseeded
-  ``random``;
+- ``sys.path`` as Python would set it for that script, default signal handlers and an unblocked
+  signal mask, reseeded ``random``;
+- the command line ``python -u script.py ARGS`` in ``/proc/PID/cmdline``, so that ``ps``,
+  ``pgrep -f script.py`` and py-spy find the worker under its script (the launcher starts the
+  template with room for that title: ``--title-space``);
 - anything the template cannot reproduce in-process (interpreter options other than ``-u`` and
   ``-m``, a different ``PYTHONPATH``) makes the child ``exec`` the real interpreter instead.
 
 The template reaps its workers and reports each exit status to the waiting trampoline. If a
-trampoline goes away first (torch SIGKILLed it), the template kills that worker's group.
+trampoline goes away first (torch SIGKILLed it), the template kills that worker's group. Each
+fork is also reported to the launcher (``--ready-fd``: one JSON line per worker, written before
+the trampoline learns the pid), so that the launcher logs and signals the worker's own pid.
 
-Run: ``python launcher/zygote.py --socket PATH --parent-pid PID [--preload mod,mod] [--ready-fd N]``.
+Signals: the template keeps every signal of :data:`ft_core.osutil.STEP_SIGNALS` blocked (the
+launcher starts it so) and reads them with ``sigwaitinfo``: a job-wide signal (SLURM's step
+daemon signals every process of a step) neither kills it nor makes it touch its workers, which
+got the signal themselves. It leaves only when its launcher tells it (SIGTERM sent by the
+launcher, its parent) or is gone.
+
+The socket layer is ft_core's (:mod:`ft_core.protocol`: 0600 bind, peer uid/pid check, bounded
+length-prefixed JSON with the ``MSG_SPAWN``/``MSG_SPAWNED``/``MSG_EXITED`` messages;
+:mod:`ft_core.osutil` for the parent-death signal and the process title; :mod:`ft_core.procfs`
+for parent pids). The template runs with the launcher's interpreter and site-packages, so ft_core
+is importable; its import costs about 30 ms here, nothing beside torch's seconds.
+
+Run: ``python launcher/zygote.py --socket PATH --parent-pid PID --preload mod,mod [--ready-fd N]
+[--title-space PADDING]``.
 """
 
 from __future__ import annotations
@@ -25,44 +43,49 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import importlib
 import io
 import json
+import logging
 import os
 import random
 import runpy
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
+import time
 import traceback
 
-_HEADER = struct.Struct("!I")
-MAX_REQUEST_BYTES = 4 * 1024 * 1024  # an environment can be large (SLURM sets many variables)
-_PR_SET_PDEATHSIG = 1
-DEFAULT_PRELOAD = ("torch", "torch.distributed")
+from ft_core import protocol
+from ft_core.errors import ProtocolError
+from ft_core.osutil import (
+    STEP_SIGNALS,
+    drain,
+    set_parent_death_signal,
+    set_process_title,
+    wakeup_pair,
+)
+from ft_core.procfs import parent_pid
+
+logger = logging.getLogger(__name__)
+
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+"""Bound of a spawn request: larger than :data:`ft_core.protocol.MAX_MESSAGE_BYTES` because it
+carries the worker's whole environment (SLURM sets many variables). Replies use the protocol's
+bound. The trampoline keeps a copy (checked by ``tests/unit/test_warm_protocol.py``)."""
+MAX_REQUEST_FDS = 3  # stdin, stdout, stderr
 PRELOAD_NICENESS = 19
-
-
-def _prctl_pdeathsig(sig: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-
-
-def _encode(message: dict) -> bytes:
-    payload = json.dumps(message, separators=(",", ":")).encode()
-    return _HEADER.pack(len(payload)) + payload
 
 
 class _Pending:
     """A trampoline connection: its request is read, then it waits for its worker's exit."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, peer_pid: int) -> None:
         self.sock = sock
-        self.buffer = bytearray()
+        self.peer_pid = peer_pid
+        self.reader = protocol.FrameReader(MAX_REQUEST_BYTES)
         self.fds: list[int] = []
         self.worker: int | None = None
 
@@ -70,10 +93,11 @@ class _Pending:
 class Zygote:
     """Serves spawn requests; see the module docstring."""
 
-    def __init__(self, socket_path: str, parent_pid: int, preload: list[str]) -> None:
+    def __init__(self, socket_path: str, parent_pid: int, preload: list[str], report_fd: int | None = None) -> None:
         self.socket_path = socket_path
         self.parent_pid = parent_pid
         self.preload = preload
+        self.report_fd = report_fd
         self.selector = selectors.DefaultSelector()
         self.connections: dict[int, _Pending] = {}
         self.workers: dict[int, _Pending] = {}
@@ -104,29 +128,26 @@ class Zygote:
     def listen(self) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_umask = os.umask(0o177)
-        try:
-            self.listener.bind(self.socket_path)
-        finally:
-            os.umask(old_umask)
-        self.listener.listen(64)
-        self.listener.setblocking(False)
+        self.listener = protocol.listen_unix(self.socket_path, 64)
         self.selector.register(self.listener, selectors.EVENT_READ, None)
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.wake_r.setblocking(False)
-        self.wake_w.setblocking(False)
+        self.wake_r, self.wake_w = wakeup_pair()
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, self._on_stop)
-        _prctl_pdeathsig(signal.SIGHUP)
+        threading.Thread(target=self._watch_signals, name="ft-warm-signals", daemon=True).start()
+        set_parent_death_signal(signal.SIGHUP)  # blocked: taken by _watch_signals
         if os.getppid() != self.parent_pid:
             self.stopping = True
 
-    def _on_stop(self, *_: object) -> None:
-        self.stopping = True
+    def _watch_signals(self) -> None:
+        """Take the blocked step signals; leave only when the launcher says so or is gone."""
+        while not self.stopping:
+            info = signal.sigwaitinfo(STEP_SIGNALS)
+            from_launcher = info.si_pid == self.parent_pid and info.si_signo == signal.SIGTERM
+            if from_launcher or os.getppid() != self.parent_pid:
+                self.stopping = True
+                with contextlib.suppress(OSError):
+                    self.wake_w.send(b"\0")
 
     def serve(self) -> None:
         while not self.stopping:
@@ -134,42 +155,34 @@ class Zygote:
                 if key.data is None:
                     self._accept()
                 elif key.data == "wake":
-                    with contextlib.suppress(BlockingIOError, InterruptedError):
-                        while self.wake_r.recv(512):
-                            pass
+                    drain(self.wake_r)
                 else:
                     self._read(key.data)
             self._reap()
             if os.getppid() != self.parent_pid:
                 self.stopping = True
+        # The launcher asked us to leave (it stopped its workers first) or is gone: no worker of
+        # ours may outlive this template.
         for pid in list(self.workers):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-        import time
-
         self._reap(deadline=time.monotonic() + 5.0)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 
     def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            peer_pid, uid, _gid = struct.unpack("3i", creds)
-            if uid != os.getuid() or _parent_of(peer_pid) != self.parent_pid:
+        for sock, peer_pid in protocol.accept_own_user(self.listener, logger, "warm template"):
+            if parent_pid(peer_pid) != self.parent_pid:
                 sock.close()  # only the launcher's own children (trampolines) may ask
                 continue
             sock.setblocking(False)
-            pending = _Pending(sock)
+            pending = _Pending(sock, peer_pid)
             self.connections[sock.fileno()] = pending
             self.selector.register(sock, selectors.EVENT_READ, pending)
 
     def _read(self, pending: _Pending) -> None:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(pending.sock, 65536, 3)
+            data, fds, _flags, _addr = socket.recv_fds(pending.sock, 65536, MAX_REQUEST_FDS)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -181,27 +194,21 @@ class Zygote:
                 self._drop(pending)
             return
         pending.fds.extend(fds)
-        if not data:
+        if not data or len(pending.fds) > MAX_REQUEST_FDS:
             self._drop(pending)
-            return
-        pending.buffer += data
-        if len(pending.buffer) < _HEADER.size:
-            return
-        (length,) = _HEADER.unpack_from(pending.buffer)
-        if length > MAX_REQUEST_BYTES or len(pending.fds) > 3:
-            self._drop(pending)
-            return
-        if len(pending.buffer) < _HEADER.size + length:
             return
         try:
-            request = json.loads(bytes(pending.buffer[_HEADER.size : _HEADER.size + length]))
+            request = next(pending.reader.feed(data), None)
+            if request is None:
+                return  # the frame is not complete yet
             argv, env, cwd = request["argv"], request["env"], request["cwd"]
-            if not (isinstance(argv, list) and isinstance(env, dict) and isinstance(cwd, str)):
-                raise ValueError("bad request")
-        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: deeply nested JSON
+            if request["type"] != protocol.MSG_SPAWN or not (
+                    isinstance(argv, list) and isinstance(env, dict) and isinstance(cwd, str)):
+                raise ProtocolError("not a spawn request")
+        except (ProtocolError, KeyError):  # oversized, malformed, or not a request: never answered
             self._drop(pending)
             return
-        if len(pending.fds) != 3:
+        if len(pending.fds) != MAX_REQUEST_FDS:
             self._drop(pending)
             return
         self._spawn(pending, [str(a) for a in argv], {str(k): str(v) for k, v in env.items()}, cwd)
@@ -218,9 +225,14 @@ class Zygote:
         pending.fds = []
         pending.worker = pid
         self.workers[pid] = pending
+        if self.report_fd is not None:
+            # Before the trampoline hears of it: once the stand-in shows its new title, the
+            # launcher finds this line (see launcher.warm.WarmCoordinator.resolve_workers).
+            with contextlib.suppress(OSError):
+                os.write(self.report_fd, (json.dumps({"spawned": pid, "stand_in": pending.peer_pid}) + "\n").encode())
         with contextlib.suppress(OSError):
             pending.sock.setblocking(True)
-            pending.sock.sendall(_encode({"type": "spawned", "pid": pid}))
+            pending.sock.sendall(protocol.encode({"type": protocol.MSG_SPAWNED, "pid": pid}))
             pending.sock.setblocking(False)
 
     def _drop(self, pending: _Pending) -> None:
@@ -238,8 +250,6 @@ class Zygote:
 
     def _reap(self, deadline: float | None = None) -> None:
         """Collect exited workers and report them; with a deadline, wait for all (bounded)."""
-        import time
-
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -256,7 +266,7 @@ class Zygote:
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             with contextlib.suppress(OSError):
                 pending.sock.setblocking(True)
-                pending.sock.sendall(_encode({"type": "exited", "pid": pid, "status": code}))
+                pending.sock.sendall(protocol.encode({"type": protocol.MSG_EXITED, "pid": pid, "status": code}))
             pending.worker = None
             self._drop(pending)
 
@@ -264,11 +274,15 @@ class Zygote:
 
     def _become_worker(self, pending: _Pending, argv: list[str], env: dict[str, str], cwd: str) -> None:
         os.setsid()
-        _prctl_pdeathsig(signal.SIGKILL)
+        set_parent_death_signal(signal.SIGKILL)
         signal.set_wakeup_fd(-1)
-        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        # As a cold worker starts: nothing blocked (the template's own mask must not leak, and
+        # exec would keep it).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STEP_SIGNALS)
+        if self.report_fd is not None:
+            os.close(self.report_fd)
         for fd in range(3):
             os.dup2(pending.fds[fd], fd)
         for fd in pending.fds:
@@ -283,6 +297,7 @@ class Zygote:
             os.execve(sys.executable, [sys.executable, *argv], env)  # cannot emulate: cold start
         os.environ.clear()
         os.environ.update(env)
+        set_process_title(" ".join([sys.executable, *argv]))
         _reopen_stdio(unbuffered)
         random.seed()
         if "numpy" in sys.modules:
@@ -302,14 +317,15 @@ class Zygote:
                 runpy.run_path(target, run_name="__main__")
         except SystemExit as exc:
             code = _exit_code(exc)
-        except BaseException:
+        except BaseException:  # anything the user's script raises: as the interpreter would, exit 1
             traceback.print_exc()
             code = 1
         try:
             atexit._run_exitfuncs()
-        except BaseException:
+        except BaseException:  # the user's exit handlers: printed, as the interpreter does
             traceback.print_exc()
         for stream in (sys.stdout, sys.stderr):
+            # the script may have replaced the streams with anything; the exit must still happen
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
@@ -353,30 +369,30 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
-def _parent_of(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            raw = stream.read()
-    except OSError:
-        return None
-    return int(raw[raw.rfind(b")") + 2 :].split()[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="ft_launcher's warm template (internal)")
     parser.add_argument("--socket", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
-    parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD))
-    parser.add_argument("--ready-fd", type=int)
+    parser.add_argument("--preload", required=True, help="comma-separated modules to import ('' for none)")
+    parser.add_argument("--ready-fd", type=int,
+                        help="a pipe for the ready line, then one line per forked worker")
+    parser.add_argument("--title-space", default="",
+                        help="padding that reserves room for the workers' command lines")
     args = parser.parse_args(argv)
-    zygote = Zygote(args.socket, args.parent_pid, [m for m in args.preload.split(",") if m])
+    # The launcher starts us with these blocked already; a template started by hand too.
+    signal.pthread_sigmask(signal.SIG_BLOCK, STEP_SIGNALS)
+    if args.title_space:
+        set_process_title(f"ft_launcher warm template (launcher pid {args.parent_pid})")
+    if args.ready_fd is not None:
+        os.set_blocking(args.ready_fd, False)  # a launcher that stops reading must not stall us
+    zygote = Zygote(args.socket, args.parent_pid, [m for m in args.preload.split(",") if m], args.ready_fd)
     failed = zygote.preload_modules()
     zygote.listen()
     cuda_initialized = "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
     if args.ready_fd is not None:
-        os.write(args.ready_fd, (json.dumps({"ready": True, "failed_preloads": failed,
-                                             "cuda_initialized": cuda_initialized}) + "\n").encode())
-        os.close(args.ready_fd)
+        with contextlib.suppress(OSError):
+            os.write(args.ready_fd, (json.dumps({"ready": True, "failed_preloads": failed,
+                                                 "cuda_initialized": cuda_initialized}) + "\n").encode())
     zygote.serve()
     return 0
 

@@ -6,12 +6,17 @@ checkpoint saving. ``teardown`` (a ``fit`` run that ended normally) and ``on_exc
 that did not) update timeouts when that is safe, create the finished flag when training is
 complete, and disconnect.
 
-Where collectives happen: reading the state file (broadcast from rank 0), planning a simulated
-fault (broadcast), after each ``trainer.save_checkpoint`` (sections callback) and at
-``teardown``: agreeing whether there is enough data (one all-reduce) and the timeout calculation
-itself (one all-reduce in :class:`~ft_core.TimeoutsCalc`). All of these happen at points every
-rank reaches together. ``on_exception`` never runs a collective: the other ranks may not be
-there.
+The rules (which sections, which timeouts when, the config check, when the final update may run)
+are :mod:`ft_core.sections_policy`'s; the state file is :mod:`ft_core.state_file`'s. This module
+and the two callbacks only translate Lightning's hooks into the policy's events and carry out
+its answers.
+
+Where collectives happen (through the strategy, :class:`~ptl_resiliency._collectives.StrategyCollectives`):
+reading the state file (broadcast from rank 0), planning a simulated fault (broadcast), after
+each ``trainer.save_checkpoint`` (sections callback) and at ``teardown``: agreeing on what there
+is data for and the timeout calculation itself. All of these happen at points every rank
+reaches together. ``on_exception`` never runs a collective in a multi-rank job: the other ranks
+may not be there.
 """
 
 from __future__ import annotations
@@ -20,29 +25,45 @@ import logging
 import os
 from typing import Any, Optional, Union
 
-from ft_core.client import RankMonitorClient
 from ft_core.config import ConfigError
 from ft_core.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 from ft_core.errors import RankMonitorClientError
+from ft_core.front_end import FrontEnd, require_bool, require_path
+from ft_core.graceful_stop import GracefulStop, GracefulStopConfig, GracefulStopExit
+from ft_core.rank_monitor_client import RankMonitorClient
+from ft_core.ranklog import RankLoggerAdapter, configure_rank_logging
+from ft_core.run_errors import record_error_for_launcher, stop_job_for_setup_error
+from ft_core.sections_policy import (
+    HeartbeatsPolicy,
+    SectionsPolicy,
+    final_update_refusal,
+    is_clean_exit,
+    is_graceful_stop,
+)
 from ft_core.simulated_fault import SimulatedFault, SimulatedFaultParams, setup_simulated_fault
-from ptl_resiliency._checkpoint_hooks import KIND_SAVE, CheckpointHooks
+from ft_core.state_file import PART_SECTIONS, StateFile
+from ptl_resiliency._checkpoint_hooks import CheckpointHooks
+from ptl_resiliency._collectives import StrategyCollectives
 from ptl_resiliency._lightning import Callback, TrainerFn, pl
+from ptl_resiliency._metrics import MetricsLogger
 from ptl_resiliency._training_state import (
-    FtStateFile,
     completion_reason,
     create_finished_flag,
-    is_clean_exit,
-    world_size,
+    incomplete_reason,
+    state_file_for_trainer,
 )
 
 PathLike = Union[str, "os.PathLike[str]"]
+GracefulStopOption = Union[None, bool, GracefulStopConfig, dict[str, Any]]
 
 
-class _FaultToleranceCallbackBase(Callback):
+class _FaultToleranceCallbackBase(Callback, FrontEnd):
     """Shared implementation; see :class:`~ptl_resiliency.FaultToleranceCallback`."""
 
     # Subclasses: also wrap the checkpoint IO methods (sections need the IO's own work).
     _WRAP_CHECKPOINT_IO = False
+    # Subclasses: the part of the state file this callback reads and writes.
+    _STATE_PART = ""
 
     # Lightning calls a callback's hook only when the attribute is callable, and each call costs
     # a profiler context (a few us). Per-batch hooks that these callbacks do not use are None so
@@ -63,43 +84,45 @@ class _FaultToleranceCallbackBase(Callback):
         self,
         autoresume: bool,
         calculate_timeouts: bool,
-        simulated_fault_params: Optional[Union[SimulatedFaultParams, dict[str, Any]]] = None,
-        exp_dir: Optional[PathLike] = None,
-        logger_name: str = "ptl_resiliency",
+        simulated_fault_params: Optional[Union[SimulatedFaultParams, dict[str, Any]]],
+        exp_dir: Optional[PathLike],
+        logger_name: str,
+        graceful_stop: GracefulStopOption,
     ) -> None:
+        # The public classes declare the arguments with their defaults; this checks them all.
         super().__init__()
-        for name, value in (("autoresume", autoresume), ("calculate_timeouts", calculate_timeouts)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{type(self).__name__}: {name} must be True or False, got {value!r}")
+        owner = type(self).__name__
+        try:
+            self.graceful_stop: Optional[GracefulStopConfig] = GracefulStopConfig.from_value(graceful_stop)
+        except ConfigError as err:
+            raise ValueError(f"{owner}: {err}") from None
+        require_bool(owner, "autoresume", autoresume)
+        require_bool(owner, "calculate_timeouts", calculate_timeouts)
         if simulated_fault_params is not None:
             try:
                 simulated_fault_params = SimulatedFaultParams.from_value(simulated_fault_params)
             except (TypeError, ValueError) as err:
-                raise ValueError(f"{type(self).__name__}: simulated_fault_params: {err}") from None
-        if exp_dir is not None and not isinstance(exp_dir, (str, os.PathLike)):
-            raise ValueError(f"{type(self).__name__}: exp_dir must be a path or None, got {exp_dir!r}")
+                raise ValueError(f"{owner}: simulated_fault_params: {err}") from None
+        require_path(owner, "exp_dir", exp_dir, allow_none=True)
         if not isinstance(logger_name, str) or not logger_name:
-            raise ValueError(f"{type(self).__name__}: logger_name must be a non-empty string, got {logger_name!r}")
+            raise ValueError(f"{owner}: logger_name must be a non-empty string, got {logger_name!r}")
         self.autoresume = autoresume
         self.calculate_timeouts = calculate_timeouts
         self.simulated_fault_params: Optional[SimulatedFaultParams] = simulated_fault_params
         self.exp_dir: Optional[str] = None if exp_dir is None else os.fspath(exp_dir)
         self.logger_name = logger_name
-        self._log = logging.getLogger(logger_name)
+        self._log = RankLoggerAdapter(logging.getLogger(logger_name))
         self._client: Optional[RankMonitorClient] = None
-        self._trainer: Optional[pl.Trainer] = None
-        self._rank: Any = os.environ.get("RANK", 0)
+        self._policy: Any = None  # the subclass's policy, from setup on
+        self._collectives: Optional[StrategyCollectives] = None
         self._flag_path: Optional[str] = None
-        self._state_file: Optional[FtStateFile] = None
+        self._state_file: Optional[StateFile] = None
         self._fault: Optional[SimulatedFault] = None
         self._ckpt_hooks: Optional[CheckpointHooks] = None
-        self._reset_run_counters()
-
-    def _reset_run_counters(self) -> None:
-        self._ckpt_depth = 0
-        self._ckpt_loaded = False
-        self._ckpt_saves = 0
-        self._train_iters = 0
+        self._metrics: Optional[MetricsLogger] = None
+        self._stop: Optional[GracefulStop] = None  # from setup to the end of the run
+        self._stopped: Optional[GracefulStopExit] = None
+        self._set_step: Any = None  # client.set_step (an extension of the reference's client API)
 
     # ------------------------------------------------------------------ public state
 
@@ -109,37 +132,34 @@ class _FaultToleranceCallbackBase(Callback):
         return self._client is not None
 
     @property
-    def client(self) -> Optional[RankMonitorClient]:
-        """The rank monitor client while active (for inspection; do not shut it down)."""
-        return self._client
-
-    @property
-    def state_file_path(self) -> Optional[str]:
-        """Where calculated timeouts are loaded from and saved to (known after ``setup``)."""
-        return None if self._state_file is None else self._state_file.path
+    def stopped_gracefully(self) -> Optional[GracefulStopExit]:
+        """After a ``fit`` that ended with a graceful stop: what stopped it (step, signal,
+        checkpoint); else None."""
+        return self._stopped
 
     # ------------------------------------------------------------------ subclass interface
 
-    def _check_timeouts(self, client: RankMonitorClient) -> None:
-        """Raise a clear error when hang detection cannot work with this configuration."""
+    def _new_policy(self, trainer: pl.Trainer) -> Union[HeartbeatsPolicy, SectionsPolicy]:
+        """The policy for a new run."""
+        raise NotImplementedError
+
+    def _config_error(self, client: RankMonitorClient) -> Optional[ConfigError]:
+        """Why hang detection cannot work with the monitor's configuration, or None."""
         raise NotImplementedError
 
     def _on_started(self, client: RankMonitorClient) -> None:
         """Called at the end of a successful ``setup``."""
 
-    def _on_checkpointing_start(self, client: RankMonitorClient) -> None:
-        """Checkpoint work began (outermost call only)."""
+    def _checkpoint_started(self, client: RankMonitorClient, kind: str) -> None:
+        """Checkpoint work of ``kind`` (see :mod:`~ptl_resiliency._checkpoint_hooks`) begins."""
 
-    def _on_checkpointing_end(self, client: RankMonitorClient) -> None:
-        """Checkpoint work ended (outermost call only)."""
-
-    def _after_checkpoint_save(self, trainer: pl.Trainer, client: RankMonitorClient) -> None:
-        """``trainer.save_checkpoint`` succeeded; all ranks are here."""
+    def _checkpoint_ended(self, client: RankMonitorClient, kind: str, ok: bool) -> None:
+        """Checkpoint work of ``kind`` ended (``ok``: without an exception)."""
 
     def _final_progress(self, client: RankMonitorClient, clean: bool) -> None:
         """Last report before disconnecting; ``clean``: the run ended normally."""
 
-    def _update_timeouts(self, trainer: pl.Trainer, client: RankMonitorClient, final: bool) -> bool:
+    def _update_timeouts(self, client: RankMonitorClient, final: bool) -> bool:
         """Calculate and send timeouts if there is enough data (a collective); True if updated."""
         raise NotImplementedError
 
@@ -161,12 +181,20 @@ class _FaultToleranceCallbackBase(Callback):
         """
         if stage != TrainerFn.FITTING:
             return
+        # Until the monitor's log_level is known: INFO, on the console when nothing else is set up.
+        configure_rank_logging(None, "ft_core", self.logger_name)
+        copies = sum(1 for callback in trainer.callbacks if callback is self)
+        if copies > 1:
+            raise ConfigError(
+                f"{type(self).__name__}: the same instance is in the Trainer's callbacks {copies} "
+                "times; pass it once (Trainer(callbacks=[ft, ...]))"
+            )
         if self._client is not None:
             raise RuntimeError(
                 f"{type(self).__name__} is already active; one instance cannot serve two "
                 "concurrent Trainer.fit() runs"
             )
-        self._rank = trainer.global_rank
+        self._log.set_rank(trainer.global_rank)
         try:
             self._start(trainer)
         except BaseException:
@@ -192,22 +220,28 @@ class _FaultToleranceCallbackBase(Callback):
         original exception.
         """
         clean = is_clean_exit(exception)
-        if not clean and trainer.state.fn == TrainerFn.FITTING:
+        stopped = is_graceful_stop(exception)
+        if not clean and not stopped and trainer.state.fn == TrainerFn.FITTING:
+            # The launcher's failure line shows the exception; a setup error that every restart
+            # would hit again stops the job instead of burning the allocation.
+            record_error_for_launcher(exception, self._log)
+            stop_job_for_setup_error(exception, self._log)
             try:
                 self._on_failure(trainer, exception)
-            except Exception:
-                self._log.exception("[rank %s] fault tolerance: handling %r failed", self._rank, exception)
+            except Exception:  # the user's policy may raise anything; their exception comes first
+                self._log.exception("fault tolerance: handling %r failed", exception)
         if self._client is None:
             return
         try:
-            self._finish(trainer, "clean SystemExit(0)" if clean else None, clean=clean, exception=exception)
-        except Exception:
-            self._log.exception("[rank %s] fault tolerance: cleanup after %r failed", self._rank, exception)
+            # A graceful stop ends a healthy run on every rank at the same step: as clean as a normal end.
+            self._finish(trainer, "clean SystemExit(0)" if clean else None, clean=clean or stopped, exception=exception)
+        except Exception:  # our bookkeeping must never replace the user's exception
+            self._log.exception("fault tolerance: cleanup after %r failed", exception)
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Remember that this run resumed from a checkpoint (its intervals include the load)."""
         if self._client is not None:
-            self._ckpt_loaded = True
+            self._policy.checkpoint_loaded()
 
     # ------------------------------------------------------------------ setup
 
@@ -237,76 +271,119 @@ class _FaultToleranceCallbackBase(Callback):
                     "auto-resume loop to stop. Set it (scripts/autoresume.sh does), or pass "
                     "autoresume=False."
                 )
-        self._reset_run_counters()
-        self._trainer = trainer
-        self._state_file = FtStateFile.for_trainer(trainer, self.exp_dir)  # collective
+        collectives = self._collectives = StrategyCollectives(trainer.strategy)
+        self._policy = self._new_policy(trainer)
+        path = state_file_for_trainer(trainer, self.exp_dir)  # collective
+        self._state_file = StateFile(path, self._STATE_PART, self._log)
         client = RankMonitorClient()
         # Without calculate_timeouts the configured timeouts are what the user asked for.
-        state = None
         if self.calculate_timeouts:
-            state = self._state_file.read_agreed(trainer, self._log, self._rank)  # collective
-        if state is not None:
-            try:
-                client.load_state_dict(state)
-            except RankMonitorClientError as err:
-                self._log.warning(
-                    "[rank %s] ignoring fault tolerance state file %s: %s; configured timeouts are used",
-                    self._rank, self._state_file.path, err,
-                )
+            self._state_file.restore(client, collectives)  # collective
         client.init_workload_monitoring()
         self._client = client
-        self._check_timeouts(client)
+        configure_rank_logging(client.cfg.log_level if client.cfg is not None else None, self.logger_name)
+        self._set_step = getattr(client, "set_step", None)  # RankMonitorClient.set_step (an extension of the reference API)
+        self._remember_saved(client)
+        error = self._config_error(client)
+        if error is not None:
+            raise error
         if self.simulated_fault_params is not None:
-            self._fault = setup_simulated_fault(self.simulated_fault_params)  # collective
-        self._ckpt_hooks = CheckpointHooks(
-            self._checkpoint_started, self._checkpoint_ended, self._WRAP_CHECKPOINT_IO
-        )
+            self._fault = setup_simulated_fault(self.simulated_fault_params, collectives=collectives)  # collective
+        self._ckpt_hooks = CheckpointHooks(self._on_checkpoint_start, self._on_checkpoint_end, self._WRAP_CHECKPOINT_IO)
         self._ckpt_hooks.install(trainer)
+        self._metrics = MetricsLogger(trainer, self._log, sections=self._STATE_PART == PART_SECTIONS)
         self._on_started(client)
-        self._log.info(
-            "[rank %s] %s connected to its rank monitor: heartbeat timeouts %s, section timeouts "
-            "%s; timeouts file %s (calculate_timeouts=%s, autoresume=%s)",
-            self._rank, name, client.hb_timeouts.to_dict(), client.section_timeouts.to_dict(),
-            self._state_file.path, self.calculate_timeouts, self.autoresume,
+        self._stopped = None
+        if self.graceful_stop is not None:
+            # Installed at on_train_start, after Lightning's own handlers; ours then call the
+            # handlers the program had before fit (the user's), not Lightning's (whose SIGTERM
+            # handling would end the run at the next batch, without a checkpoint).
+            self._stop = GracefulStop(self.graceful_stop)
+            self._stop.chain_to_current_handlers()
+        self._log.rank_zero_info(
+            "%s set up: timeouts file %s (calculate_timeouts=%s, autoresume=%s, graceful stop %s)",
+            name, path, self.calculate_timeouts, self.autoresume,
+            "off" if self.graceful_stop is None else "on " + ", ".join(s.name for s in self.graceful_stop.signals),
         )
+
+    # ------------------------------------------------------------------ graceful stop
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Log the cycle and the timeouts in force to the Trainer's logger (step restored by now);
+        install the graceful stop's signal handlers (Lightning installed its own just before)."""
+        self._log_metrics()
+        stop = self._stop
+        if stop is None or self._client is None:
+            return
+        self._stop_checkpoint(trainer)  # a ConfigError now rather than at the stop
+        if not stop.install():
+            self._log.warning("graceful stop not installed: fit() does not run on the main thread, where Python "
+                              "lets signal handlers be set")
+
+    def _stop_checkpoint(self, trainer: pl.Trainer) -> str:
+        """Where the stop checkpoint goes: ``checkpoint_path``, or the ``ModelCheckpoint``'s last.ckpt."""
+        assert self.graceful_stop is not None
+        if self.graceful_stop.checkpoint_path is not None:
+            return self.graceful_stop.checkpoint_path
+        checkpoint = trainer.checkpoint_callback
+        dirpath = getattr(checkpoint, "dirpath", None)
+        last_name = getattr(checkpoint, "CHECKPOINT_NAME_LAST", None)
+        if dirpath and isinstance(last_name, str) and "{" not in last_name:
+            return os.path.join(dirpath, last_name + getattr(checkpoint, "FILE_EXTENSION", ".ckpt"))
+        raise ConfigError(
+            f"{type(self).__name__}(graceful_stop=...) needs a checkpoint to save at the stop: give "
+            "graceful_stop={'checkpoint_path': ...}, or a ModelCheckpoint with a dirpath (the stop then "
+            "saves <dirpath>/last.ckpt, which fit(ckpt_path='last') resumes from)"
+        )
+
+    def _graceful_stop_now(self, trainer: pl.Trainer) -> None:
+        """Every rank agreed to stop after this step: save the checkpoint (all ranks) and leave ``fit``."""
+        stop = self._stop
+        assert stop is not None
+        path = self._stop_checkpoint(trainer)
+        step = int(trainer.global_step)
+        self._log.rank_zero_info("graceful stop: %s; every rank stops after global step %s and saves %s",
+                                 stop.describe_stop(), step, path)
+        trainer.save_checkpoint(path)  # every rank: rank 0 writes, the others take part
+        self._log.rank_zero_info("graceful stop: saved %s at global step %s; leaving fit (exit 0, no finished flag)",
+                                 path, step)
+        raise GracefulStopExit(step, stop.stop_signal.name if stop.stop_signal else "a stop signal", path)
 
     # ------------------------------------------------------------------ checkpoint hooks
 
-    def _checkpoint_started(self, kind: str) -> None:
+    def _on_checkpoint_start(self, kind: str) -> None:
         client = self._client
         if client is None:
             return
-        self._ckpt_depth += 1
-        if self._ckpt_depth == 1:
-            try:
-                self._on_checkpointing_start(client)
-            except Exception:
-                self._log.exception("[rank %s] fault tolerance: checkpoint start not recorded", self._rank)
+        try:
+            self._checkpoint_started(client, kind)
+        except Exception:  # bookkeeping must never fail the user's checkpoint
+            self._log.exception("fault tolerance: checkpoint start not recorded")
 
-    def _checkpoint_ended(self, kind: str, ok: bool) -> None:
+    def _on_checkpoint_end(self, kind: str, ok: bool) -> None:
         client = self._client
-        if client is None or self._ckpt_depth == 0:
+        if client is None:
             return
         try:
-            self._ckpt_depth -= 1
-            if self._ckpt_depth == 0:
-                self._on_checkpointing_end(client)
-            if kind == KIND_SAVE and ok:
-                self._ckpt_saves += 1
-                self._after_checkpoint_save(self._trainer, client)
-        except Exception:
-            # Bookkeeping must never fail a checkpoint or hide the exception of a failed one.
-            self._log.exception("[rank %s] fault tolerance: after-checkpoint update failed", self._rank)
+            self._checkpoint_ended(client, kind, ok)
+        except Exception:  # never fail a checkpoint, or hide the exception of a failed one
+            self._log.exception("fault tolerance: after-checkpoint update failed")
 
     # ------------------------------------------------------------------ end of run
 
-    def _maybe_update_and_save_timeouts(self, trainer: pl.Trainer, client: RankMonitorClient, final: bool) -> None:
+    def _maybe_update_and_save_timeouts(self, client: RankMonitorClient, final: bool) -> None:
         """Update timeouts (a collective) and, on rank 0, persist them if they changed."""
-        if not self._update_timeouts(trainer, client, final):
+        if not self._update_timeouts(client, final):
             return
-        if trainer.global_rank == 0 and self._state_file is not None:
-            self._state_file.write(client.state_dict())
-            self._log.info("[rank %s] saved calculated timeouts to %s", self._rank, self._state_file.path)
+        if self._collectives is not None:
+            self._save_timeouts(client, self._collectives.rank())
+        self._log_metrics(save=final)
+
+    def _log_metrics(self, save: bool = False) -> None:
+        """Log what changed of the cycle and the timeouts in force; never raises."""
+        client, metrics = self._client, self._metrics
+        if client is not None and metrics is not None:
+            metrics.log(client, save=save)
 
     def _finish(
         self,
@@ -324,56 +401,55 @@ class _FaultToleranceCallbackBase(Callback):
                 self._fault.cancel()
             self._final_progress(client, clean)
             if self.calculate_timeouts:
-                self._final_timeouts_update(trainer, client, exception)
+                self._final_timeouts_update(client, exception)
+            # a run that trained nothing (resumed at its end) never got to on_train_start
+            self._log_metrics(save=True)
+            if is_graceful_stop(exception):
+                self._stopped = exception  # type: ignore[assignment]
             if self.autoresume:
                 if completed is None:
-                    self._log.info(
-                        "[rank %s] training did not complete (%s); no finished flag, the run can "
-                        "be resumed", self._rank,
-                        f"ended with {exception!r}" if exception is not None else "stopped early",
+                    self._log.rank_zero_info(
+                        "training did not complete (%s); no finished flag, the run can be resumed",
+                        exception if is_graceful_stop(exception) else
+                        f"ended with {exception!r}" if exception is not None else incomplete_reason(trainer),
                     )
                 elif trainer.global_rank == 0:
                     try:
                         create_finished_flag(self._flag_path, completed, trainer)
-                        self._log.info("[rank %s] training completed (%s); created %s",
-                                       self._rank, completed, self._flag_path)
+                        self._log.info("training completed (%s); created %s", completed, self._flag_path)
                     except OSError as err:
-                        self._log.error("[rank %s] training completed but the finished flag %s could "
-                                        "not be created: %s", self._rank, self._flag_path, err)
+                        self._log.error("training completed but the finished flag %s could not be created: %s",
+                                        self._flag_path, err)
                         flag_error = err
         finally:
             self._stop_quietly()
         if flag_error is not None and exception is None:
             raise flag_error
 
-    def _final_timeouts_update(
-        self, trainer: pl.Trainer, client: RankMonitorClient, exception: Optional[BaseException]
-    ) -> None:
-        if exception is not None and not is_clean_exit(exception):
-            self._log.info("[rank %s] timeouts not updated: the run failed (%r) and its intervals "
-                           "may include the failure", self._rank, exception)
-            return
-        if exception is not None and world_size() > 1:
-            self._log.info("[rank %s] timeouts not updated: the run exited from inside the "
-                           "training loop, where other ranks may not join a collective", self._rank)
+    def _final_timeouts_update(self, client: RankMonitorClient, exception: Optional[BaseException]) -> None:
+        world_size = self._collectives.world_size() if self._collectives is not None else 1
+        refusal = final_update_refusal(exception, world_size)
+        if refusal is not None:
+            self._log.rank_zero_info("timeouts not updated: %s", refusal)
             return
         try:
-            self._maybe_update_and_save_timeouts(trainer, client, final=True)
-        except Exception:
-            self._log.exception("[rank %s] fault tolerance: final timeouts update failed", self._rank)
+            self._maybe_update_and_save_timeouts(client, final=True)
+        except Exception:  # a completed run must still create its flag and disconnect
+            self._log.exception("fault tolerance: final timeouts update failed")
 
     def _stop_quietly(self) -> None:
-        """Cancel the fault, unhook checkpoints, disconnect. Never raises."""
+        """Restore signal handlers, cancel the fault, unhook checkpoints, disconnect. Never raises."""
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop.uninstall()
+        self._set_step = None
         if self._fault is not None:
             self._fault.cancel()
             self._fault = None
         if self._ckpt_hooks is not None:
             self._ckpt_hooks.uninstall()
             self._ckpt_hooks = None
+        self._metrics = None
         client, self._client = self._client, None
-        self._trainer = None
         if client is not None:
-            try:
-                client.shutdown_workload_monitoring()
-            except Exception:
-                self._log.exception("[rank %s] fault tolerance: disconnecting from the monitor failed", self._rank)
+            self._disconnect(client)

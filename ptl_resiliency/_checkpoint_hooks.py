@@ -8,9 +8,9 @@ only:
   it spans gathering the state, the write (rank 0) and the barrier that follows, on all ranks.
   Its end is the one place where all ranks may run a collective after a save.
 * with ``wrap_io=True``, the methods of ``trainer.strategy.checkpoint_io`` that do checkpoint
-  work on whichever rank calls them: ``save_checkpoint``, ``remove_checkpoint``, an async
-  IO's finalisation (``maybe_finalize_save_checkpoint`` where it exists, and ``teardown`` of
-  Lightning's ``AsyncCheckpointIO``, which waits for pending writes).
+  work on whichever rank calls them: ``save_checkpoint``, ``remove_checkpoint``, and an
+  asynchronous IO's finalisation (``maybe_finalize_save_checkpoint`` where it exists, and
+  ``teardown`` of Lightning's ``AsyncCheckpointIO``, which waits for pending writes).
 
 Instance attributes, not a wrapper object, so that ``isinstance`` checks other code makes on the
 checkpoint IO (e.g. for async finalisation) keep working. :meth:`CheckpointHooks.uninstall`
@@ -30,8 +30,16 @@ KIND_SAVE = "save"
 """``trainer.save_checkpoint``: all ranks, outermost."""
 KIND_IO = "io"
 """A checkpoint IO method: possibly one rank only."""
+KIND_FINALIZE = "finalize"
+"""An asynchronous checkpoint IO's finalisation: possibly one rank only."""
 
-_IO_METHODS = ("save_checkpoint", "remove_checkpoint", "maybe_finalize_save_checkpoint")
+_IO_METHODS = ("save_checkpoint", "remove_checkpoint")
+_FINALIZE_METHOD = "maybe_finalize_save_checkpoint"  # NeMo's asynchronous checkpoint IO
+
+
+def uses_async_checkpointing(checkpoint_io: Any) -> bool:
+    """True when ``checkpoint_io`` saves asynchronously (its saves are finalised later)."""
+    return isinstance(checkpoint_io, AsyncCheckpointIO) or callable(getattr(checkpoint_io, _FINALIZE_METHOD, None))
 _MISSING = object()
 
 
@@ -42,7 +50,8 @@ class CheckpointHooks:
     ``on_end`` must not raise.
 
     Args:
-        on_start: Called before the work, with :data:`KIND_SAVE` or :data:`KIND_IO`.
+        on_start: Called before the work, with :data:`KIND_SAVE`, :data:`KIND_IO` or
+            :data:`KIND_FINALIZE`.
         on_end: Called after the work (also when it failed).
         wrap_io: Also wrap the strategy's checkpoint IO methods.
     """
@@ -68,8 +77,9 @@ class CheckpointHooks:
         checkpoint_io = trainer.strategy.checkpoint_io
         for name in _IO_METHODS:
             self._patch(checkpoint_io, name, KIND_IO)
+        self._patch(checkpoint_io, _FINALIZE_METHOD, KIND_FINALIZE)
         if isinstance(checkpoint_io, AsyncCheckpointIO):
-            self._patch(checkpoint_io, "teardown", KIND_IO)
+            self._patch(checkpoint_io, "teardown", KIND_FINALIZE)
 
     def uninstall(self) -> None:
         """Undo :meth:`install`. Safe to call more than once."""

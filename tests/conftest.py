@@ -20,27 +20,11 @@ import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorServer
 from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from tests.launcher_util import live_descendants
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKERS = Path(__file__).resolve().parent / "workers"
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                raw = Path(f"/proc/{entry}/stat").read_bytes()
-                fields = raw[raw.rfind(b")") + 2 :].split()
-                if fields[0] not in (b"Z", b"X"):
-                    children.setdefault(int(fields[1]), []).append(int(entry))
-    found, stack = [], [root]
-    while stack:
-        for child in children.get(stack.pop(), []):
-            found.append(child)
-            stack.append(child)
-    return found
 
 
 def _our_tmp_entries() -> set[str]:
@@ -82,7 +66,7 @@ def no_leftovers() -> Iterator[None]:
     leaked = []
     deadline = time.monotonic() + 5.0
     while True:
-        leaked = _descendants(os.getpid())
+        leaked = live_descendants(os.getpid())
         if not leaked or time.monotonic() > deadline:
             break
         time.sleep(0.05)
@@ -97,6 +81,23 @@ def no_leftovers() -> Iterator[None]:
         shutil.rmtree(os.path.join(tempfile.gettempdir(), name), ignore_errors=True)
     assert not leaked, f"processes left running after the test: {leaked}"
     assert not new_dirs, f"temporary directories left behind: {sorted(new_dirs)}"
+
+
+HARMLESS_TERMINATION = {"rank_termination_signal": "SIGUSR2", "rank_termination_grace": 3600}
+"""Config for tests whose *rank is the test process itself*: a detected "hang" (a stall of a
+busy test machine against a short calculated timeout) sends SIGUSR2, which the
+``harmless_termination`` fixture makes this process ignore, and SIGKILL would come only after
+an hour. (Signals that cannot end a process are refused by the config.)"""
+
+
+@pytest.fixture
+def harmless_termination() -> Iterator[dict]:
+    """Ignore SIGUSR2 in this process for the test; yields :data:`HARMLESS_TERMINATION`."""
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    try:
+        yield dict(HARMLESS_TERMINATION)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
 
 
 @pytest.fixture

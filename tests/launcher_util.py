@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -72,3 +73,21 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+def live_descendants(root: int) -> list[int]:
+    """Pids of the live (not zombie) descendants of ``root``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                raw = Path(f"/proc/{entry}/stat").read_bytes()
+                fields = raw[raw.rfind(b")") + 2 :].split()
+                if fields[0] not in (b"Z", b"X"):
+                    children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found

@@ -11,10 +11,12 @@ machine, from the repository root::
 What makes it resumable:
 
 - Every run continues from ``RUN_DIR/checkpoints/last.ckpt`` when that exists.
-- On SIGUSR1 or SIGUSR2 (SLURM's warning before the time limit or a preemption, forwarded by
-  autoresume.sh and ft_launcher to every rank) all ranks agree to stop after the same step,
-  save ``last.ckpt`` and return normally. Training is then not complete, so no finished flag is
-  made, and the loop continues the job; that ending does not count as a failure.
+- ``FaultToleranceCallback(graceful_stop=...)``: on SIGUSR1 or SIGUSR2 (SLURM's warning before
+  the time limit or a preemption, forwarded by autoresume.sh and ft_launcher to every rank) or
+  SIGTERM, all ranks agree on a step (one small all-reduce about once a second, not a collective
+  per step), save ``last.ckpt`` there, outside the signal handler, and leave ``fit``; the process
+  exits 0. Training is then not complete, so no finished flag is made, and the loop continues the
+  job from that checkpoint; that ending does not count as a failure.
 - ``FaultToleranceCallback(autoresume=True)`` sends heartbeats to the rank monitors (hang
   detection) and creates ``$FAULT_TOL_FINISHED_FLAG_FILE`` once ``max_steps`` is reached; that
   file ends the loop.
@@ -31,12 +33,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
-from typing import Any
-
-from lightning.pytorch import Callback, LightningModule, Trainer
 
 from ptl_resiliency import FaultToleranceCallback
 
@@ -46,43 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _common.ptl as common  # noqa: E402  (the Trainer and model of the Lightning examples)
 
 log = logging.getLogger("train_lightning")
-WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-
-
-class StopOnWarningSignal(Callback):
-    """After SIGUSR1/SIGUSR2 on any rank, all ranks save a checkpoint and stop at the same step.
-
-    The handler only records the signal: it may run in the middle of a collective. The decision
-    is shared once per training step with one small all-reduce, so that no rank stops while the
-    others wait for it in the next step.
-    """
-
-    def __init__(self, checkpoint_path: Path) -> None:
-        self.checkpoint_path = checkpoint_path
-        self.received: signal.Signals | None = None
-        self._previous: dict[signal.Signals, Any] = {}
-
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        self.received = signal.Signals(signum)
-
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        for sig in WARNING_SIGNALS:
-            self._previous[sig] = signal.signal(sig, self._on_signal)
-
-    def on_train_batch_end(self, trainer: Trainer, *args: Any) -> None:
-        if trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
-            trainer.save_checkpoint(str(self.checkpoint_path))   # every rank calls it; rank 0 writes
-            trainer.should_stop = True
-            if trainer.global_rank == 0:
-                log.warning("rank 0: stopped at step %d after a warning signal (%s); saved %s, the "
-                            "next run resumes from it", trainer.global_step,
-                            self.received.name if self.received else "received by another rank",
-                            self.checkpoint_path)
-
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
+STOP_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM")  # SLURM's warnings, and its end of the job
 
 
 def parse_args() -> argparse.Namespace:
@@ -107,13 +69,14 @@ def main() -> None:
         args.run_dir, max_steps=args.max_steps, checkpoint_every=args.checkpoint_every,
         limit_val_batches=0,  # no validation
         callbacks=[
-            StopOnWarningSignal(last),
-            FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=str(args.run_dir)),
+            FaultToleranceCallback(autoresume=True, calculate_timeouts=True, exp_dir=str(args.run_dir),
+                                   graceful_stop={"signals": STOP_SIGNALS, "checkpoint_path": str(last)}),
         ],
     )
     resume_from = str(last) if last.exists() else None
     log.info("rank %s, attempt %s: %s", rank, os.environ.get("AUTORESUME_ATTEMPT", "?"),
              f"resuming from {resume_from}" if resume_from else "starting from scratch")
+    # After a graceful stop fit raises GracefulStopExit, a SystemExit(0): the process exits 0.
     trainer.fit(common.SlowBoringModel(args.step_delay), ckpt_path=resume_from)
     log.info("rank %s: fit returned at step %d of %d", rank, trainer.global_step, args.max_steps)
 

@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from tests.workers.autoresume_common import (
     WORKER,
     AutoresumeRun,
     assert_no_leftovers,
+    processes_with_token,
     read_history,
     wait_for,
     worker_runs,
@@ -125,6 +127,20 @@ def test_always_failing_job_stops_after_the_maximum(local_run: LocalRun) -> None
     assert "2 consecutive failures, the maximum" in local_run.output()
 
 
+def test_no_progress_stops_with_its_own_exit_code(local_run: LocalRun) -> None:
+    checkpoints = local_run.tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    (checkpoints / "step_10.pt").write_text("old")
+    rc = local_run.run("--max-failures", "10", "--progress-path", str(checkpoints), "--max-stalled", "2",
+                       behaviour=["always-fail"])
+
+    assert rc == 3, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert decisions(local_run) == ["continue", "stop"]
+    assert "no progress, 2 consecutive failed attempts without a newer file" in history[-1].decision
+    assert worker_runs(local_run.state_dir) == 2
+
+
 def test_warning_signal_continues_and_is_not_a_failure(local_run: LocalRun) -> None:
     # --max-failures 1: had the warning ending counted as a failure, the loop would stop there.
     proc = local_run.start("--max-failures", "1", behaviour=["until-usr1"],
@@ -167,18 +183,37 @@ def test_launcher_usage_error_stops(local_run: LocalRun) -> None:
     assert worker_runs(local_run.state_dir) == 0
 
 
-def test_sigterm_stops_the_loop(local_run: LocalRun) -> None:
-    proc = local_run.start(behaviour=["until-usr1"])
+def sigterm_once_the_worker_runs(local_run: LocalRun, behaviour: str) -> int:
+    """Start the loop, SIGTERM the script once the first worker is up; its exit code."""
+    proc = local_run.start(behaviour=[behaviour])
     wait_for(lambda: (local_run.state_dir / "ready-0-1").exists() or proc.poll() is not None, 60,
              "the worker to start")
     assert proc.poll() is None, local_run.output()
     proc.send_signal(signal.SIGTERM)
-    rc = local_run.wait(proc)
+    return local_run.wait(proc)
+
+
+def test_sigterm_stops_the_loop(local_run: LocalRun) -> None:
+    rc = sigterm_once_the_worker_runs(local_run, "until-usr1")
 
     assert rc == 128 + signal.SIGTERM, local_run.output()
     history = read_history(local_run.run_dir)
     assert len(history) == 1
     assert history[0].decision.startswith("stop: terminated by SIGTERM")
+    assert worker_runs(local_run.state_dir) == 1
+
+
+def test_sigterm_stops_the_loop_even_when_the_launcher_exits_0(local_run: LocalRun) -> None:
+    # A preemption the ranks honour: they checkpoint (3 s) and exit 0 within --term-timeout, so
+    # ft_launcher exits 0. The script saw the signal itself: it stops, it does not "continue
+    # after a clean exit without the flag".
+    rc = sigterm_once_the_worker_runs(local_run, "slow-stop")
+
+    assert rc == 128 + signal.SIGTERM, local_run.output()
+    history = read_history(local_run.run_dir)
+    assert [(row.exit_code, row.decision) for row in history] == [
+        ("0", "stop: terminated by SIGTERM (ft_launcher exit 0: the ranks stopped in time)")]
+    assert (local_run.state_dir / "stopped-0-1").exists()
     assert worker_runs(local_run.state_dir) == 1
 
 
@@ -189,8 +224,9 @@ def test_attempt_of_a_killed_script_is_recorded_and_counted(local_run: LocalRun)
     wait_for(lambda: (local_run.state_dir / "ready-0-1").exists() or proc.poll() is not None, 60,
              "the worker to start")
     assert proc.poll() is None, local_run.output()
-    os.killpg(proc.pid, signal.SIGKILL)   # the script and its launcher; workers follow the launcher
+    os.killpg(proc.pid, signal.SIGKILL)   # the script; its launcher (own session) stops on its own
     proc.wait(timeout=10)
+    wait_for(lambda: lock_is_free(local_run), 30, "the first attempt to end and free the run dir")
 
     rc = local_run.run(behaviour=["until-usr1"])   # run 2 of the worker finishes
 
@@ -201,6 +237,52 @@ def test_attempt_of_a_killed_script_is_recorded_and_counted(local_run: LocalRun)
     assert (history[0].end, history[0].exit_code, history[0].failures) == ("-", "-", 1)
     assert history[1].decision.startswith("finished")
     assert worker_runs(local_run.state_dir) == 2
+
+
+def lock_is_free(run: LocalRun) -> bool:
+    with open(run.run_dir / ".lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return True
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def test_a_killed_script_stops_its_launcher_and_holds_the_run_dir_until_all_is_gone(local_run: LocalRun) -> None:
+    # SIGKILL to the script alone (as an OOM killer or a lost terminal would): its launcher must
+    # stop within seconds (its workers get SIGTERM; this one takes 3 s to checkpoint), and a
+    # second loop on the same run dir must be refused while anything of the first one lives.
+    proc = local_run.start(behaviour=["slow-stop"])
+    ready = local_run.state_dir / "ready-0-1"
+    wait_for(lambda: ready.exists() or proc.poll() is not None, 60, "the worker to start")
+    assert proc.poll() is None, local_run.output()
+    worker = int(ready.read_text())
+    proc.kill()
+    proc.wait(timeout=10)
+    killed = time.monotonic()
+
+    second = local_run.run(behaviour=["finish"])
+    still_alive = alive(worker)
+    assert second == 1 and "in use by another autoresume.sh" in local_run.output(), local_run.output()
+    assert still_alive, "the first attempt's worker was gone before the second loop tried"
+    wait_for(lambda: not processes_with_token(local_run.token), 30, "every process of the first loop to exit")
+    gone_s = time.monotonic() - killed
+    assert (local_run.state_dir / "stopped-0-1").exists(), "the worker's SIGTERM handler was cut short"
+    assert gone_s < 15, gone_s
+    assert lock_is_free(local_run)
+
+    third = local_run.run(behaviour=["slow-stop"])  # run 2 of the worker finishes
+    assert third == 0, local_run.output()
+    assert [row.decision.split(":")[0] for row in read_history(local_run.run_dir)] == ["continue", "finished"]
 
 
 def test_max_attempts_bounds_clean_endings_without_the_flag(local_run: LocalRun) -> None:
@@ -239,8 +321,15 @@ def test_run_dir_in_use_is_refused(local_run: LocalRun) -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--max-failures", "zero", "train.py"], "--max-failures (AUTORESUME_MAX_FAILURES) must be a whole number >= 1, got 'zero'"),
-    (["--max-attempts", "-1", "train.py"], "--max-attempts (AUTORESUME_MAX_ATTEMPTS) must be a whole number (0 = no limit), got '-1'"),
+    (["--max-failures", "zero", "train.py"],
+     "--max-failures (AUTORESUME_MAX_FAILURES) must be a whole number >= 1 and <= 1000000, got 'zero'"),
+    (["--max-attempts", "-1", "train.py"],
+     "--max-attempts (AUTORESUME_MAX_ATTEMPTS) must be a whole number <= 1000000 (0 = no limit), got '-1'"),
+    # bash arithmetic wraps past 2^63: such a value used to be taken (and silently become negative)
+    (["--max-attempts", "99999999999999999999", "train.py"],
+     "--max-attempts (AUTORESUME_MAX_ATTEMPTS) must be a whole number <= 1000000 (0 = no limit), got '99999999999999999999'"),
+    (["--max-failures", "1000001", "train.py"],
+     "--max-failures (AUTORESUME_MAX_FAILURES) must be a whole number >= 1 and <= 1000000, got '1000001'"),
     (["--mode", "cloud", "train.py"], "--mode (AUTORESUME_MODE) must be auto, slurm or local, got 'cloud'"),
     (["--mode", "slurm", "train.py"], "--mode slurm needs to run inside an sbatch job"),
     (["--launcher", "/nonexistent/ft_launcher", "train.py"], "ft_launcher not found: --launcher (FT_LAUNCHER) is '/nonexistent/ft_launcher'"),

@@ -107,6 +107,9 @@ BAD_FLAGS = [
     ("--ft-param-rank_section_timeouts", "step=10"),
     ("--ft-param-safety_factor", "0.5"),
     ("--ft-param-workload_check_interval", "-1"),
+    ("--ft-param-workload_check_interval", "2e6"),  # crashed the monitor (OverflowError)
+    ("--ft-param-workload_check_interval", "1e-300"),  # spun the monitor at 81 % CPU
+    ("--ft-param-safety_factor", "1e308"),  # wrote inf into the state file
     ("--ft-param-rank_termination_signal", "999"),
     ("--ft-param-rank_termination_signal", "²"),
     ("--ft-param-log_level", "LOUD"),
@@ -129,7 +132,7 @@ def test_an_unknown_ft_param_is_a_usage_error(capsys):
 def test_a_log_level_without_a_name_reaches_a_monitor(run_dir):
     # 15 has no name; ft_launcher hands monitors their config as JSON, which they must parse back
     # (it used to go as "Level 15" and every monitor refused to start).
-    from ft_core.monitor import MonitorProcess
+    from ft_core.monitor_process import MonitorProcess
 
     monitor = MonitorProcess.start(FaultToleranceConfig(log_level=15), os.path.join(run_dir, "m.sock"))
     try:
@@ -203,7 +206,7 @@ def test_saved_state_with_the_wrong_schema_is_refused_and_changes_nothing(client
 
 @pytest.fixture
 def trainer():
-    """A real (idle) Lightning Trainer: the state file is read through its strategy."""
+    """A real (idle) Lightning Trainer: the state file is read through its strategy's collectives."""
     from ptl_resiliency._lightning import pl
 
     return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -213,17 +216,18 @@ def trainer():
 def test_a_truncated_state_file_is_ignored_with_a_warning_and_kept(trainer, tmp_path, caplog):
     import logging
 
-    from ptl_resiliency._training_state import FtStateFile
+    from ft_core.state_file import PART_HEARTBEATS, StateFile
+    from ptl_resiliency._collectives import StrategyCollectives
 
     client = RankMonitorClient()
     client.load_state_dict({"hb_timeouts": {"initial": 60.0, "subsequent": 30.0, "were_calculated": True}})
-    state_file = FtStateFile(str(tmp_path / "exp" / "_ft_state.json"))
-    state_file.write({"version": 1, "hb_timeouts": client._loaded_state["hb"].to_dict()})
+    log = logging.getLogger("tests.bad_input")
+    state_file = StateFile(str(tmp_path / "exp" / "_ft_state.json"), PART_HEARTBEATS, log)
+    assert state_file.save({"version": 1, "hb_timeouts": client._loaded_state.hb.to_dict()})
     full = Path(state_file.path).read_bytes()
     Path(state_file.path).write_bytes(full[: len(full) // 2])  # the node died mid-write (no atomic rename)
-    log = logging.getLogger("tests.bad_input")
     with caplog.at_level(logging.WARNING, logger="tests.bad_input"):
-        assert state_file.read_agreed(trainer, log, 0) is None
+        assert state_file.read_agreed(StrategyCollectives(trainer.strategy)) is None
     assert "not valid JSON" in caplog.text and state_file.path in caplog.text
     assert Path(state_file.path).read_bytes() == full[: len(full) // 2]  # evidence kept
 
@@ -286,7 +290,8 @@ def test_a_tmpdir_too_deep_for_socket_paths_falls_back_to_tmp(tmp_path):
         result = run_launcher(["--standalone", "--nproc-per-node", "2", "--warm-preload=",
                                WORKER, "--dir", str(tmp_path), "--steps", "2"], env={"TMPDIR": tmpdir}, timeout=90)
         assert result.returncode == 0, result.stderr
-        assert f"TMPDIR {tmpdir} is too long for Unix socket paths; using /tmp for sockets" in result.stderr
+        assert (f"not using TMPDIR for the launcher's sockets: {tmpdir} is too long for Unix socket paths; "
+                "using /tmp instead") in result.stderr
         sockets = [json.loads((tmp_path / f"cycle0_rank{r}.json").read_text())["monitor_socket"] for r in (0, 1)]
         run_dir = os.path.dirname(sockets[0])
         assert os.path.dirname(run_dir) == "/tmp" and os.path.basename(run_dir).startswith("ft-")

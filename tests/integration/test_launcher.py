@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 from tests.launcher_util import (
@@ -127,7 +128,7 @@ def test_control_socket_refuses_processes_that_are_not_workers(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM
+    assert proc.returncode == 1  # stopped by SIGTERM; the worker (no handler) died of it: not a clean stop
     assert not events_of(read_events(tmp_path / "events.jsonl"), "control_request")
 
 
@@ -140,3 +141,39 @@ def test_sigusr1_is_forwarded_to_workers(tmp_path):
     for rank in (0, 1):
         assert json.loads((tmp_path / f"usr1_rank{rank}.json").read_text()), f"rank {rank} got no SIGUSR1"
     assert events_of(read_events(tmp_path / "events.jsonl"), "signal_forwarded")[0]["signal"] == "SIGUSR1"
+
+
+def _result_file(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
+
+
+def test_result_file_names_this_node_when_its_rank_crashed_the_run(tmp_path):
+    # scripts/autoresume.sh reads this file to keep the root's node out of the next allocation.
+    result_path = tmp_path / "result"
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "1")
+        + worker_args(tmp_path, "--crash-rank", "1", "--steps", "50"),
+        env={"FT_LAUNCHER_RESULT_FILE": str(result_path)},
+    )
+    assert result.returncode == 1, result.stderr
+    assert _result_file(result_path) == {"exit_code": "1", "outcome": "failed", "root_nodes": socket.gethostname()}
+    # the workers never see the variable
+    assert all("FT_LAUNCHER_RESULT_FILE" not in rec["env"] for rec in records(tmp_path).values())
+
+
+def test_result_file_names_no_node_after_a_recovered_failure(tmp_path):
+    result_path = tmp_path / "result"
+    result = run_launcher(
+        base_args(tmp_path, "--max-restarts", "1") + worker_args(tmp_path, "--crash-rank", "1", "--crash-cycle", "0"),
+        env={"FT_LAUNCHER_RESULT_FILE": str(result_path)},
+    )
+    assert result.returncode == 0, result.stderr
+    assert _result_file(result_path) == {"exit_code": "0", "outcome": "succeeded", "root_nodes": ""}
+
+
+def test_result_file_in_a_missing_directory_is_a_usage_error(tmp_path):
+    missing = tmp_path / "no-such-dir" / "result"
+    result = run_launcher(base_args(tmp_path) + worker_args(tmp_path),
+                          env={"FT_LAUNCHER_RESULT_FILE": str(missing)})
+    assert result.returncode == 2, result.stderr
+    assert f"FT_LAUNCHER_RESULT_FILE must be in an existing directory, got '{missing}'" in result.stderr

@@ -6,11 +6,12 @@ A killed node and an excluded node are rows of the fault matrix (tests/faults).
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.launcher_util import WORKER, events_of, read_events, records, start_launcher
+from tests.launcher_util import WORKER, events_of, read_events, records, start_launcher, wait_for
 
 
 def free_port() -> int:
@@ -23,14 +24,15 @@ class Node:
     """One ft_launcher acting as a node of a two-node job."""
 
     def __init__(self, name: str, tmp_path: Path, port: int, nnodes: str, launcher_args: list[str],
-                 worker_args: list[str]):
+                 worker_args: list[str],
+                 rdzv_conf: str = "join_timeout=10,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"):
         self.dir = tmp_path / name
         self.dir.mkdir()
         self.events_path = self.dir / "events.jsonl"
         self.proc = start_launcher(
             ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
              "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job-{port}", "--monitor-interval", "0.05",
-             "--rdzv-conf", "join_timeout=10,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2",
+             *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []),
              "--ft-event-log", str(self.events_path), *launcher_args,
              WORKER, "--record-dir", str(self.dir), *worker_args],
         )
@@ -108,3 +110,30 @@ def test_twenty_crash_restart_cycles_each_form_the_gloo_group_first_time(tmp_pat
     recs = records(tmp_path)
     assert all(recs[(c, r)]["process_group_ready"] for c in range(21) for r in (0, 1))
     assert "Connection refused" not in err
+
+
+def test_a_node_that_starts_late_joins_under_the_default_rendezvous_settings(tmp_path):
+    # ft_launcher's c10d defaults drop a node whose keep-alive stopped after 3 s and end a last
+    # call after 2 s; a healthy node that merely starts later than the others (a slow srun, a
+    # long module load) must still be waited for: node a waits in the rendezvous well past both.
+    port = free_port()
+    a = Node("a", tmp_path, port, "2", [], ["--gloo", "--steps", "5"], rdzv_conf="")
+    try:
+        wait_for(lambda: a.events_path.exists() and a.events("launcher_start"), 60, "node a to start")
+        assert a.proc.poll() is None
+        late_by = 8.0
+        time.sleep(late_by)  # the scenario itself: b starts this much later (not a synchronisation)
+        assert a.proc.poll() is None, "node a gave up before node b came"
+        b = Node("b", tmp_path, port, "2", [], ["--gloo", "--steps", "5"], rdzv_conf="")
+        assert b.finish() == 0, b.err
+        assert a.finish() == 0, a.err
+    finally:
+        if a.proc.poll() is None:
+            a.proc.kill()
+            a.proc.communicate()
+    for node in (a, b):
+        assert [c["cycle"] for c in node.events("cycle_start")] == [0], node.events("cycle_start")
+        assert not node.events("failure")
+        start = node.events("launcher_start")[0]
+        assert start["rdzv_conf"]["keep_alive_interval"] == "1" and start["rdzv_conf"]["last_call_timeout"] == "2"
+    assert a.events("cycle_start")[0]["rendezvous_s"] >= late_by - 1

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import random
-import selectors
 import signal
 import socket
 import subprocess
@@ -27,11 +26,18 @@ from ft_core.config import ConfigError
 from ft_core.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 from ft_core.monitor_link import MonitorLink
 from ft_core.simulated_fault import SimulatedFaultParams, plan_simulated_fault
+from tests.monitor_events import received, wait_event
 
 WORKERS = Path(__file__).resolve().parents[1] / "workers"
 TRAIN_WORKER = WORKERS / "lightning_train.py"
 KINDS = ["heartbeats", "sections"]
 LONG = 60.0
+
+
+# Minimums of calculated timeouts far below the safe defaults (60-600 s), so that the tests see
+# the calculated values themselves and a hang is caught by them in seconds.
+SMALL_MINIMUMS = dict(min_calculated_initial_heartbeat_timeout=0.1, min_calculated_heartbeat_timeout=0.1,
+                      min_calculated_section_timeout=0.1, min_calculated_out_of_section_timeout=0.1)
 
 
 def fixed_cfg(kind: str, **overrides) -> FaultToleranceConfig:
@@ -45,29 +51,9 @@ def fixed_cfg(kind: str, **overrides) -> FaultToleranceConfig:
             rank_section_timeouts={"setup": LONG, "step": LONG, "checkpointing": LONG},
             rank_out_of_section_timeout=LONG,
         )
+    values.update(SMALL_MINIMUMS)
     values.update(overrides)
     return FaultToleranceConfig(**values)
-
-
-def wait_event(link: MonitorLink, kind: str, timeout: float = 30.0) -> dict:
-    """Return the next event of ``kind`` from the monitor; events read meanwhile are kept."""
-    pending = _pending_events.setdefault(id(link), [])
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(link.fileno(), selectors.EVENT_READ)
-        while True:
-            pending.extend(link.poll_events())
-            for event in pending:
-                if event["type"] == kind:
-                    pending.remove(event)
-                    return event
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or link.lost:
-                raise AssertionError(f"no {kind!r} event from the monitor within {timeout} s: {pending}")
-            sel.select(remaining)
-
-
-_pending_events: dict[int, list[dict]] = {}
 
 
 def reports(root: Path, rank: int = 0, cycle: int = 0) -> list[dict]:
@@ -82,20 +68,25 @@ def report(root: Path, op: str, index: int = -1, **where) -> dict:
 
 
 class Monitor:
-    def __init__(self, handle, path: str, link: MonitorLink) -> None:
+    def __init__(self, handle, path: str, link: MonitorLink, spawn_rank) -> None:
         self.handle = handle
         self.path = path
         self.link = link
+        self._spawn_rank = spawn_rank
 
     def events(self, kind: str) -> list[dict]:
         """Events of ``kind`` received so far and not yet returned by :func:`wait_event`."""
-        pending = _pending_events.setdefault(id(self.link), [])
-        pending.extend(self.link.poll_events())
-        return [e for e in pending if e["type"] == kind]
+        return received(self.link, kind)
+
+    def assert_released(self) -> None:
+        """The trainer let go of the monitor: another process is now accepted as its rank (a
+        monitor refuses a second live rank while the first is attached)."""
+        rank = self._spawn_rank([["init"], ["shutdown"]], self.path)
+        assert rank.wait(30) == 0, rank.stderr()
 
 
 @pytest.fixture
-def monitor(start_monitor, monkeypatch):
+def monitor(start_monitor, spawn_rank, monkeypatch):
     """Factory ``monitor(cfg) -> Monitor``: a real monitor this process is pointed at."""
     monkeypatch.delenv(FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, raising=False)
     links = []
@@ -105,11 +96,10 @@ def monitor(start_monitor, monkeypatch):
         link = MonitorLink(path)
         links.append(link)
         monkeypatch.setenv(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR, path)
-        return Monitor(handle, path, link)
+        return Monitor(handle, path, link, spawn_rank)
 
     yield factory
     for link in links:
-        _pending_events.pop(id(link), None)
         link.close()
 
 
@@ -207,6 +197,9 @@ def test_autoresume_without_the_flag_variable_is_a_clear_error(kind, monitor, tr
         pytest.param("heartbeats", fixed_cfg("heartbeats", rank_out_of_section_timeout=30),
                      "rank_out_of_section_timeout=30.0 is set, but this callback opens no sections",
                      id="heartbeats-with-out-of-section-timeout"),
+        pytest.param("sections", fixed_cfg("sections", initial_rank_heartbeat_timeout=3600, rank_heartbeat_timeout=2700),
+                     "initial_rank_heartbeat_timeout=3600.0 is finite, but this front end sends no heartbeats "
+                     "and sections are not heartbeats", id="sections-with-finite-heartbeat-timeouts"),
     ],
 )
 def test_timeouts_that_cannot_work_are_a_clear_error(kind, cfg, text, monitor, train, tmp_path):
@@ -216,7 +209,7 @@ def test_timeouts_that_cannot_work_are_a_clear_error(kind, cfg, text, monitor, t
     assert text in str(info.value)
     # It connected to find out, and disconnected again: nothing left behind.
     wait_event(mon.link, protocol.MSG_RANK_CONNECTED)
-    assert "shut down" in wait_event(mon.link, protocol.MSG_RANK_DISCONNECTED)["reason"]
+    mon.assert_released()
 
 
 def test_sections_missing_from_the_config_are_named(monitor, train, tmp_path):
@@ -235,7 +228,7 @@ def test_an_error_in_model_setup_after_connecting_reaches_the_user_unmasked(kind
         train({"callback": kind, "root": str(tmp_path), "max_steps": 2, "fail_in_setup": True,
                "cb": {"autoresume": True}})
     wait_event(mon.link, protocol.MSG_RANK_CONNECTED)
-    assert "shut down" in wait_event(mon.link, protocol.MSG_RANK_DISCONNECTED)["reason"]
+    mon.assert_released()
     assert not flag.exists()
 
 
@@ -281,7 +274,7 @@ def test_completed_training_creates_the_flag(kind, extra, reason, monitor, train
     content = json.loads(flag.read_text())
     assert content["completed"] is True and content["reason"] == reason
     assert not [p for p in flag.parent.iterdir() if p.name != flag.name]  # no temp file left
-    assert "shut down" in wait_event(mon.link, protocol.MSG_RANK_DISCONNECTED)["reason"]
+    mon.assert_released()
     assert not mon.events(protocol.MSG_RANK_HANG)
 
 
@@ -289,6 +282,11 @@ NOT_COMPLETED_CASES = [
     pytest.param({"fail": {"step": 2, "exc": "RuntimeError"}}, RuntimeError, id="exception"),
     pytest.param({"fail": {"step": 2, "exc": "SystemExit1"}}, SystemExit, id="systemexit-1"),
     pytest.param({"fail": {"step": 2, "exc": "ShouldStop"}}, None, id="stopped-by-user"),
+    # Lightning counts the cut-short epoch as processed: "max_epochs=1 reached" was written.
+    pytest.param({"max_steps": -1, "max_epochs": 1, "fail": {"step": 5, "exc": "ShouldStop"}}, None,
+                 id="stopped-by-user-in-the-last-epoch"),
+    # A smoke test: Lightning sets max_steps=1, which the user never asked for.
+    pytest.param({"max_steps": -1, "fast_dev_run": True}, None, id="fast-dev-run"),
 ]
 
 
@@ -307,7 +305,7 @@ def test_interrupted_training_leaves_no_flag(kind, extra, raises, monitor, train
             train(cfg)
     assert not flag.exists()
     assert "training did not complete" in caplog.text
-    assert "shut down" in wait_event(mon.link, protocol.MSG_RANK_DISCONNECTED)["reason"]
+    mon.assert_released()
 
 
 def test_keyboard_interrupt_leaves_no_flag(monitor, spawn_trainer, tmp_path):
@@ -325,19 +323,28 @@ def test_keyboard_interrupt_leaves_no_flag(monitor, spawn_trainer, tmp_path):
 # ---------------------------------------------------------------------- the state file
 
 
+BAD_VALUE = {
+    # Each callback reads only its own part of the file.
+    "heartbeats": ({"version": 1, "hb_timeouts": {"initial": -5, "subsequent": 3, "were_calculated": True}},
+                   "hb_timeouts.initial must be a number of seconds > 0"),
+    "sections": ({"version": 1, "section_timeouts": {"section": {"step": -5}, "calculated_sections": ["step"]}},
+                 "section_timeouts.section[step] must be a number of seconds > 0"),
+}
+
+
 @pytest.mark.parametrize(
     ("content", "text"),
     [
         pytest.param("{not json", "not valid JSON", id="not-json"),
         pytest.param("[1, 2]", "expected a JSON object", id="not-an-object"),
-        pytest.param(json.dumps({"version": 1, "hb_timeouts": {"initial": -5, "subsequent": 3,
-                                                               "were_calculated": True}}),
-                     "hb_timeouts.initial must be positive", id="bad-value"),
+        pytest.param(None, None, id="bad-value"),
         pytest.param("\udcff", "not UTF-8", id="binary"),
     ],
 )
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_corrupt_state_file_is_ignored_with_a_warning(kind, content, text, monitor, train, tmp_path, caplog):
+    if content is None:
+        content, text = json.dumps(BAD_VALUE[kind][0]), BAD_VALUE[kind][1]
     state = tmp_path / "exp" / "_ft_state.json"
     state.parent.mkdir()
     state.write_bytes(content.encode("utf-8", "surrogateescape"))
@@ -353,11 +360,19 @@ def test_a_corrupt_state_file_is_ignored_with_a_warning(kind, content, text, mon
     assert state.read_bytes() == content.encode("utf-8", "surrogateescape")  # too little data: untouched
 
 
-def test_default_state_file_is_under_the_log_dir(monitor, train, tmp_path):
+@pytest.mark.parametrize("logger", ["none", "csv"])
+def test_default_state_file_is_under_the_default_root_dir(logger, monitor, train, tmp_path):
+    # Not under trainer.log_dir: a CSV or TensorBoard logger's version_N changes with every run
+    # (the next run would not find the timeouts), and loggers without a save_dir make it None.
     monitor(fixed_cfg("heartbeats"))
-    train({"callback": "heartbeats", "root": str(tmp_path), "max_steps": 2, "cb": {"calculate_timeouts": True}})
-    # logger=False: trainer.log_dir is default_root_dir
-    assert report(tmp_path, "started")["state_file"] == str(tmp_path / "ft_state" / "_ft_state.json")
+    train({"callback": "heartbeats", "root": str(tmp_path), "max_steps": 2, "cb": {"calculate_timeouts": True},
+           "logger": logger})
+    started = report(tmp_path, "started")
+    assert started["state_file"] == str(tmp_path / "ft_state" / "_ft_state.json")
+    if logger == "csv":
+        assert started["log_dir"] == str(tmp_path / "lightning_logs" / "version_0")
+    else:
+        assert started["log_dir"] == str(tmp_path)  # logger=False: Lightning's log_dir is the root
 
 
 @pytest.mark.slow
@@ -376,7 +391,7 @@ def test_too_little_data_skips_the_update_with_a_log_line(kind, monitor, spawn_t
         assert not (tmp_path / "ft_state" / "_ft_state.json").exists()
     else:
         # checkpointing and setup durations were seen; the step needs 16 iterations
-        assert "calculated section timeouts checkpointing=" in out
+        assert "section timeouts in force (calculated): checkpointing " in out
         state = json.loads((tmp_path / "ft_state" / "_ft_state.json").read_text())
         assert state["section_timeouts"]["calculated_sections"] == ["checkpointing", "setup"]
         assert state["section_timeouts"]["section"]["step"] == LONG
@@ -404,6 +419,8 @@ SECTION_HANGS = [
     pytest.param("checkpointing", {"where": "checkpoint", "save": 2}, "section", "checkpointing",
                  id="checkpointing"),
     pytest.param(None, {"where": "epoch_end"}, "out_of_section", None, id="out-of-section"),
+    # The first batch is a warm-up batch, out of any section (as in ft_core.integration).
+    pytest.param(None, {"where": "step", "step": 0}, "out_of_section", None, id="warm-up-step"),
 ]
 
 
@@ -483,6 +500,8 @@ def test_section_timeouts_are_calculated_after_16_iterations_and_enforced_next_r
     # 12 iterations: too few for 'step'; at the end only 'checkpointing' is calculated.
     first = spawn_trainer({**base, "max_steps": 12}, mon)
     assert first.wait() == 0, first.output()
+    # ... and already after the save at iteration 6: each save updates what there is data for.
+    assert report(tmp_path, "train_end")["sections"]["calculated_sections"] == ["checkpointing"]
     sections = json.loads(state_path.read_text())["section_timeouts"]
     assert sections["calculated_sections"] == ["checkpointing"]
     assert sections["is_out_of_section_calculated"] is False
@@ -505,6 +524,61 @@ def test_section_timeouts_are_calculated_after_16_iterations_and_enforced_next_r
     assert report(tmp_path, "started", index=-1)["sections"] == sections
     assert event["kind"] == "section" and event["section"] == "step"
     assert event["timeout"] == pytest.approx(sections["section"]["step"])
+
+
+# ---------------------------------------------------------------------- the rules shared with ft_core.integration
+
+
+def test_warm_up_batches_are_out_of_section(monitor, train, tmp_path):
+    # The first batch of the run and the first of each validation run (the sanity check's
+    # included) are not wrapped in 'step', as in ft_core.integration (seed 004).
+    monitor(fixed_cfg("sections"))
+    train({"callback": "sections", "root": str(tmp_path), "max_steps": 4, "limit_val_batches": 3,
+           "val_check_interval": 2, "num_sanity_val_steps": 2, "record_sections": True})
+    batches = [(r["kind"], r["index"], r["open"]) for r in reports(tmp_path) if r["op"] == "batch"]
+    step, none = ["step"], []
+    assert batches == [
+        ("sanity", 0, none), ("sanity", 1, step),
+        ("train", 0, none), ("train", 1, step),
+        ("validation", 0, none), ("validation", 1, step), ("validation", 2, step),
+        ("train", 2, step), ("train", 3, step),
+        ("validation", 0, none), ("validation", 1, step), ("validation", 2, step),
+    ]
+
+
+@pytest.mark.slow
+def test_asynchronous_checkpointing_leaves_the_checkpointing_timeout_alone(monitor, spawn_trainer, tmp_path):
+    # With an asynchronous checkpoint IO the section's duration varies too much between runs
+    # (a save may finish in the background or be waited for): it is not calculated, as after an
+    # asynchronous finalisation in ft_core.integration.
+    mon = monitor(fixed_cfg("sections", safety_factor=10.0))
+    proc = spawn_trainer({"callback": "sections", "root": str(tmp_path), "max_steps": 20, "ckpt_every": 5,
+                          "async_ckpt": True, "cb": {"calculate_timeouts": True}}, mon)
+    assert proc.wait() == 0, proc.output()
+    sections = json.loads((tmp_path / "ft_state" / "_ft_state.json").read_text())["section_timeouts"]
+    assert sections["calculated_sections"] == ["step"]
+    assert sections["section"]["checkpointing"] == LONG
+    out = proc.output()
+    assert "asynchronous checkpoint IO: the checkpointing timeout is not calculated" in out
+    assert "checkpointing timeout not calculated: asynchronous checkpoint finalisation" in out
+    assert not mon.events(protocol.MSG_RANK_HANG)
+
+
+def test_runs_of_both_callbacks_share_an_exp_dir_without_taking_each_others_timeouts(monitor, train, tmp_path):
+    # A sections run calculated an out-of-section timeout; a heartbeats run with the same exp_dir
+    # must neither load it (it opens no section: the monitor would stop it) nor wipe it.
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    sections = {"section": {"setup": 20.0, "step": 5.0, "checkpointing": 9.0}, "out_of_section": 7.0,
+                "calculated_sections": ["checkpointing", "setup", "step"], "is_out_of_section_calculated": True}
+    (exp / "_ft_state.json").write_text(json.dumps({"version": 1, "section_timeouts": sections}))
+    monitor(fixed_cfg("heartbeats"))
+    trainer = train({"callback": "heartbeats", "root": str(tmp_path), "max_steps": 3,
+                     "cb": {"calculate_timeouts": True, "exp_dir": str(exp)}})
+    assert trainer.global_step == 3
+    started = report(tmp_path, "started")
+    assert started["sections"]["out_of_section"] is None and started["sections"]["calculated_sections"] == []
+    assert json.loads((exp / "_ft_state.json").read_text())["section_timeouts"] == sections
 
 
 # ---------------------------------------------------------------------- workload control
@@ -591,8 +665,8 @@ def test_simulated_rank_killed(monitor, spawn_trainer, tmp_path):
     assert proc.wait() == -signal.SIGKILL
     assert time.monotonic() - started < 30
     assert "simulated fault rank_killed: sending SIGKILL" in proc.output()
-    wait_event(mon.link, protocol.MSG_RANK_DISCONNECTED)
-    assert not mon.events(protocol.MSG_RANK_HANG)  # it died; the monitor saw no hang
+    mon.assert_released()  # the monitor noticed the death and serves the next rank...
+    assert not mon.events(protocol.MSG_RANK_HANG)  # ...and saw no hang
 
 
 def test_simulated_rank_hung_is_caught_by_the_monitor(monitor, spawn_trainer, tmp_path):
@@ -620,21 +694,51 @@ def test_one_fault_tolerance_callback_per_trainer(monitor, train, tmp_path):
         train({"callback": "heartbeats", "root": str(tmp_path), "max_steps": 2, "both_callbacks": True})
 
 
-def test_works_with_pytorch_lightning_when_lightning_is_not_installed(monitor, tmp_path):
-    mon = monitor(fixed_cfg("heartbeats"))
-    flag = tmp_path / "finished.flag"
-    env = {**os.environ, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR: mon.path,
-           FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR: str(flag), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, str(WORKERS / "lightning_standalone_pl.py"), str(tmp_path)],
-                         env=env, capture_output=True, text=True, timeout=90)
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"package": "pytorch_lightning", "global_step": 3, "lightning_imported": False}
-    assert json.loads(flag.read_text())["reason"] == "max_steps=3 reached"
-    wait_event(mon.link, protocol.MSG_RANK_CONNECTED)
-
-
 def test_ft_core_simulated_fault_does_not_import_torch():
     code = "import sys, ft_core.simulated_fault; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_same_callback_instance_twice_is_named(monitor, train, tmp_path):
+    monitor(fixed_cfg("heartbeats"))
+    with pytest.raises(ConfigError, match="the same instance is in the Trainer's callbacks 2 times; pass it once"):
+        train({"callback": "heartbeats", "root": str(tmp_path), "max_steps": 2, "duplicate_callback": True})
+
+
+def csv_metrics(root: Path) -> list[dict[str, str]]:
+    import csv
+
+    [path] = root.glob("lightning_logs/version_*/metrics.csv")
+    with open(path, newline="") as stream:
+        return list(csv.DictReader(stream))
+
+
+def logged(rows: list[dict[str, str]], name: str) -> list[tuple[int, float]]:
+    return [(int(row["step"]), float(row[name])) for row in rows if row.get(name)]
+
+
+@pytest.mark.slow
+def test_callbacks_log_the_cycle_and_the_timeouts_in_force_when_they_change(monitor, spawn_trainer, tmp_path,
+                                                                            monkeypatch):
+    # In a child: the run calculates timeouts. The cycle comes from ft_launcher's variable.
+    monkeypatch.setenv("FT_LAUNCHER_CYCLE", "2")
+    mon = monitor(fixed_cfg("sections"))
+    proc = spawn_trainer({"callback": "sections", "root": str(tmp_path), "max_steps": 24, "ckpt_every": 20,
+                          "logger": "csv", "cb": {"calculate_timeouts": True}}, mon)
+    assert proc.wait() == 0, proc.output()
+    rows = csv_metrics(tmp_path)
+    assert logged(rows, "ft/cycle") == [(0, 2.0)]  # once: it did not change
+    steps = logged(rows, "ft/section_timeout/step")
+    assert steps[0] == (0, LONG), steps  # the configured one, at the start
+    assert len(steps) >= 2 and steps[-1][1] < LONG and steps[-1][0] >= 20, steps  # calculated after the save
+    assert logged(rows, "ft/out_of_section_timeout")[0] == (0, LONG)
+    assert not logged(rows, "ft/heartbeat_timeout")  # the heartbeats callback's figures
+
+
+def test_heartbeat_callback_logs_its_timeouts(monitor, train, tmp_path):
+    monitor(fixed_cfg("heartbeats"))
+    train({"callback": "heartbeats", "root": str(tmp_path), "max_steps": 3, "logger": "csv"})
+    rows = csv_metrics(tmp_path)
+    assert logged(rows, "ft/heartbeat_timeout") == [(0, LONG)]
+    assert logged(rows, "ft/initial_heartbeat_timeout") == [(0, LONG)]

@@ -99,7 +99,8 @@ def test_section_timeouts_are_calculated_identically_on_all_ranks(tmp_path):
     root = tmp_path / "run"
     # Rank 1's steps are slower; both ranks must still end up with the very same timeouts.
     cfg = {"callback": "sections", "root": str(root), "ddp": True, "max_steps": 20, "ckpt_every": 10,
-           "step_sleep_by_rank": {"1": 0.05}, "cb": {"autoresume": True, "calculate_timeouts": True}}
+           "step_sleep_by_rank": {"1": 0.05}, "probe_collectives": True,
+           "cb": {"autoresume": True, "calculate_timeouts": True}}
     result = run_launcher(
         launcher_args(tmp_path, *NULL_HEARTBEATS, *SECTIONS_60) + [TRAIN_WORKER, json.dumps(cfg)],
         timeout=110, env={"FAULT_TOL_FINISHED_FLAG_FILE": str(flag)},
@@ -113,3 +114,9 @@ def test_section_timeouts_are_calculated_identically_on_all_ranks(tmp_path):
     state = json.loads((root / "ft_state" / "_ft_state.json").read_text())
     assert state["section_timeouts"]["calculated_sections"] == ["checkpointing", "step"]
     assert json.loads(flag.read_text())["reason"] == "max_steps=20 reached"
+    # The callbacks' collectives go through the DDP strategy: what they return on each rank.
+    for rank in (0, 1):
+        probe = reports(root, rank, 0, "collectives")[0]
+        assert probe["world_size"] == 2 and probe["rank"] == rank
+        assert probe["all_true"] == [True, False] and probe["all_max"] == [1.0, 0.0]
+        assert probe["text"] == "from rank 0" and probe["none"] is None

@@ -60,13 +60,15 @@ def test_hung_step_is_detected_and_training_resumes_from_its_checkpoint(tmp_path
     assert not reports(tmp_path, 1, 0, "end")
 
 
-@pytest.mark.parametrize("where, timeouts, hang_kind, section", [
-    ("setup", {"setup": 2}, "section", "setup"),
-    ("checkpointing", {"checkpointing": 2}, "section", "checkpointing"),
-    ("between", {"oos": 2}, "out_of_section", None),
-])
-def test_a_hang_is_reported_in_the_phase_where_it_happened(tmp_path, where, timeouts, hang_kind, section):
-    hang = {"where": where, "rank": 0} if where == "setup" else {"where": where, "rank": 0, "step": 5}
+@pytest.mark.parametrize("where, step, timeouts, hang_kind, section", [
+    ("setup", None, {"setup": 2}, "section", "setup"),
+    ("checkpointing", 5, {"checkpointing": 2}, "section", "checkpointing"),
+    ("between", 5, {"oos": 2}, "out_of_section", None),
+    # The run's first step is a warm-up step, out of any section (as in the Lightning callback).
+    ("step", 1, {"oos": 2}, "out_of_section", None),
+], ids=["setup", "checkpointing", "between", "warm-up-step"])
+def test_a_hang_is_reported_in_the_phase_where_it_happened(tmp_path, where, step, timeouts, hang_kind, section):
+    hang = {"where": where, "rank": 0} if step is None else {"where": where, "rank": 0, "step": step}
     cfg = {"steps": 30, "ckpt_every": 5, "hang": hang}
     result = launch(tmp_path, cfg, *sections(**timeouts))
     assert result.returncode == 1, result.stderr[-5000:]
@@ -80,8 +82,10 @@ def test_a_hang_is_reported_in_the_phase_where_it_happened(tmp_path, where, time
 
 def test_timeouts_are_calculated_agreed_saved_and_reloaded(tmp_path):
     ckpt = tmp_path / "ckpt"
-    # A large safety factor keeps the calculated timeouts well above scheduling noise here.
-    ft_args = [*sections(), "--ft-param-safety_factor", "20"]
+    # A large safety factor keeps the calculated timeouts well above scheduling noise here; small
+    # minimums (the defaults are 60-120 s) let the calculated values show.
+    ft_args = [*sections(), "--ft-param-safety_factor", "20", "--ft-param-min_calculated_section_timeout", "0.1",
+               "--ft-param-min_calculated_out_of_section_timeout", "0.1"]
     first = launch(tmp_path / "run1", {"ckpt_dir": str(ckpt), "steps": 20, "ckpt_every": 10, "calculate": True,
                                        "eval_every": 10}, *ft_args)
     assert first.returncode == 0, first.stderr[-5000:]

@@ -9,6 +9,8 @@ Every job also has ``--time=5`` so that SLURM itself bounds a job that goes wron
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.slurm.conftest import JOB_TIMEOUT_S, TERMINAL_STATES, SlurmRun
@@ -19,6 +21,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(240)]
 
 def decisions(run: SlurmRun) -> list[str]:
     return [row.decision.split(":")[0] for row in read_history(run.run_dir)]
+
+
+def nodes_of_attempts(out: str, attempts: int) -> list[str]:
+    """The node each of the first ``attempts`` attempts ran on, from the job's log (1-node jobs)."""
+    return [re.search(rf"attempt {n}: launchers exited (\S+):", out).group(1) for n in range(1, attempts + 1)]
 
 
 def test_fails_twice_then_finishes_through_requeues(slurm_run: SlurmRun) -> None:
@@ -33,12 +40,38 @@ def test_fails_twice_then_finishes_through_requeues(slurm_run: SlurmRun) -> None
     assert [row.exit_code for row in history] == ["1", "1", "0"]
     assert [row.failures for row in history] == [1, 2, 0]
     assert decisions(slurm_run) == ["continue", "continue", "finished"]
-    assert all(row.decision.endswith(f"job {job_id} requeued") for row in history[:2])
+    # The crashed rank's node is kept out of the next allocation; after attempt 2 failed on the
+    # other node, excluding both would leave no node for the job: the list is dropped.
+    ran_on = nodes_of_attempts(out, 3)
+    assert ran_on[1] != ran_on[0], ran_on
+    assert history[0].decision.endswith(f"job {job_id} requeued excluding {ran_on[0]}"), history[0].decision
+    assert f"attempt 1: node {ran_on[0]} caused a failure: root cause of the failure" in out, out[-6000:]
+    assert history[1].decision.endswith(f"job {job_id} requeued excluding no node"), history[1].decision
+    assert "node(s) would no longer fit in the 2 of the partition; list dropped" in out, out[-6000:]
+    assert "ExcNodeList=(null)" in slurm_run.slurm("scontrol", "show", "job", "-o", job_id)
     assert [row.flag for row in history] == ["no", "no", "yes"]
     assert slurm_run.flag.exists()
     assert worker_runs(slurm_run.state_dir) == 3
     # --open-mode=append: the one log file holds all three attempts.
     assert [f"attempt {n} starts" in out for n in (1, 2, 3)] == [True, True, True], out[-6000:]
+
+
+def test_exclude_this_node_requeues_the_job_on_another_node(slurm_run: SlurmRun) -> None:
+    # A rank asks ExcludeThisNode: ft_launcher exits 65, the job is requeued without that node
+    # (SLURM's ExcNodeList), and the next attempt runs on the other node.
+    job_id = slurm_run.submit("--max-failures", "3", behaviour=["exclude-first", "1"])
+    job = slurm_run.wait_done(job_id)
+    out = slurm_run.output(job_id, tail=None)
+
+    assert (job.state, job.exit_code, job.restarts) == ("COMPLETED", 0, 1), out[-6000:]
+    history = read_history(slurm_run.run_dir)
+    assert [row.exit_code for row in history] == ["65", "0"]
+    ran_on = nodes_of_attempts(out, 2)
+    assert ran_on[1] != ran_on[0], ran_on
+    assert f"attempt 1: node {ran_on[0]} caused a failure: ExcludeThisNode" in out, out[-6000:]
+    assert "ExcludeThisNode" in history[0].decision, history[0].decision
+    assert history[0].decision.endswith(f"job {job_id} requeued excluding {ran_on[0]}"), history[0].decision
+    assert f"ExcNodeList={ran_on[0]}" in slurm_run.slurm("scontrol", "show", "job", "-o", job_id)
 
 
 def test_always_failing_job_stops_after_the_maximum(slurm_run: SlurmRun) -> None:

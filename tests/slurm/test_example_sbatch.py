@@ -45,8 +45,9 @@ def test_lightning_example_stops_on_the_warning_and_resumes_to_the_end(slurm_run
     history = read_history(run_dir)
     assert [row.decision.split(":")[0] for row in history] == ["continue", "finished"], out[-8000:]
     assert "warning signal SIGUSR1, not a failure" in history[0].decision
-    stopped = re.search(r"rank 0: stopped at step (\d+) after a warning signal", out)
+    stopped = re.search(r"\[rank 0\] graceful stop: saved \S+ at global step (\d+)", out)
     assert stopped and 0 < int(stopped.group(1)) < MAX_STEPS, out[-8000:]
+    assert f"rank 0, attempt 2: resuming from {checkpoint}" in out
     assert "rank 0, attempt 2: resuming from" in out and "rank 1, attempt 2: resuming from" in out
     flag = json.loads((run_dir / "finished.flag").read_text())
     assert flag["global_step"] == MAX_STEPS and flag["reason"] == f"max_steps={MAX_STEPS} reached"

@@ -1,5 +1,6 @@
 """FaultToleranceConfig: defaults, kwargs, YAML, CLI strings, and every kind of bad input."""
 
+import json
 import logging
 import os
 import signal
@@ -7,8 +8,8 @@ import stat
 
 import pytest
 
-from ft_core import ConfigError, FaultToleranceConfig
-from ft_core.config import parse_cli_value
+from ft_core import ConfigError, FaultToleranceConfig, protocol
+from ft_core.config import Role, parse_cli_value
 
 
 def test_defaults_match_the_documented_values():
@@ -80,34 +81,134 @@ def test_cli_section_list():
     assert parse_cli_value("rank_section_timeouts", "") == {}
 
 
+SECONDS = "> 0 and <= 1e+06 or null (no limit)"
+
+
 @pytest.mark.parametrize(
-    ("field", "value", "fragment"),
+    ("field", "value", "fragments"),
     [
-        ("rank_heartbeat_timeout", -1, "rank_heartbeat_timeout"),
-        ("rank_heartbeat_timeout", 0, "positive"),
-        ("initial_rank_heartbeat_timeout", "abc", "'abc'"),
-        ("rank_heartbeat_timeout", True, "True"),
-        ("rank_heartbeat_timeout", float("nan"), "positive"),
-        ("rank_out_of_section_timeout", "-5", "'-5'"),
-        ("rank_section_timeouts", "setup600", "setup600"),
-        ("rank_section_timeouts", "setup:600,:10", "malformed"),
-        ("rank_section_timeouts", "step:1,step:2", "twice"),
-        ("rank_section_timeouts", "step:-3", "step"),
-        ("rank_section_timeouts", 12, "12"),
-        ("rank_termination_signal", "SIGNOPE", "SIGNOPE"),
-        ("rank_termination_signal", 999, "999"),
-        ("log_level", "LOUD", "LOUD"),
-        ("safety_factor", 0.5, ">= 1.0"),
-        ("workload_check_interval", 0, "workload_check_interval"),
-        ("restart_policy", "sometimes", "sometimes"),
+        ("rank_heartbeat_timeout", -1, ["-1", SECONDS]),
+        ("rank_heartbeat_timeout", 0, ["got 0", SECONDS]),
+        ("initial_rank_heartbeat_timeout", "abc", ["'abc'", SECONDS]),
+        ("rank_heartbeat_timeout", True, ["True"]),
+        ("rank_heartbeat_timeout", float("nan"), ["nan", SECONDS]),
+        ("rank_heartbeat_timeout", 1e6 + 1, ["1000001.0", SECONDS]),
+        ("rank_heartbeat_timeout", 10**400, ["-bit int", SECONDS]),
+        ("rank_out_of_section_timeout", "-5", ["'-5'", SECONDS]),
+        ("rank_section_timeouts", "setup600", ["setup600", "malformed"]),
+        ("rank_section_timeouts", "setup:600,:10", ["malformed"]),
+        ("rank_section_timeouts", "step:1,step:2", ["twice"]),
+        ("rank_section_timeouts", "step:-3", ["rank_section_timeouts[step]", "-3", SECONDS]),
+        ("rank_section_timeouts", 12, ["12"]),
+        ("rank_section_timeouts", {f"s{i}": 1 for i in range(33)}, ["at most 32 sections", "33"]),
+        ("rank_section_timeouts", ",".join(f"s{i}:1" for i in range(10**5)), ["at most 32 sections"]),
+        ("rank_section_timeouts", {"x" * 65: 1}, ["at most 64 characters", "xxx"]),
+        ("rank_termination_signal", "SIGNOPE", ["SIGNOPE"]),
+        ("rank_termination_signal", 999, ["999"]),
+        ("log_level", "LOUD", ["LOUD"]),
+        ("log_level", 51, ["51", "0..50"]),
+        ("safety_factor", 0.5, ["0.5", ">= 1 and <= 1e+09"]),
+        ("safety_factor", 1e308, ["1e+308", ">= 1 and <= 1e+09"]),
+        ("safety_factor", "fast", ["'fast'", ">= 1 and <= 1e+09"]),
+        ("workload_check_interval", 0, ["got 0", ">= 0.1 and <= 3600"]),
+        ("workload_check_interval", 1e-300, ["1e-300", ">= 0.1 and <= 3600"]),
+        ("workload_check_interval", 2e6, ["2000000.0", ">= 0.1 and <= 3600"]),
+        ("workload_check_interval", None, ["no null"]),
+        ("restart_policy", "sometimes", ["'sometimes'", "any-failed, min-healthy"]),
+        ("restart_policy", 3, ["got 3"]),
     ],
 )
-def test_bad_values_raise_value_error_naming_field_and_value(field, value, fragment):
-    with pytest.raises(ValueError) as info:
+def test_bad_values_raise_a_config_error_naming_field_value_and_range(field, value, fragments):
+    with pytest.raises(ConfigError) as info:
         FaultToleranceConfig.from_kwargs(**{field: value})
     message = str(info.value)
-    assert fragment in message
-    assert field.split("[")[0] in message or field == "rank_section_timeouts"
+    assert message.startswith(field)
+    for fragment in fragments:
+        assert fragment in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("workload_check_interval", 0.1), ("workload_check_interval", 3600),
+        ("safety_factor", 1), ("safety_factor", 1e9),
+        ("rank_heartbeat_timeout", 1e6), ("rank_heartbeat_timeout", 1e-3),
+        ("rank_section_timeouts", {"\N{GRINNING FACE}" * 62 + f"{i:02}": 1e6 for i in range(32)}),
+    ],
+)
+def test_values_at_the_bounds_are_accepted(field, value):
+    cfg = FaultToleranceConfig.from_kwargs(**{field: value})
+    assert getattr(cfg, field) == value
+
+
+@pytest.mark.parametrize("field", FaultToleranceConfig.field_names())
+def test_every_field_is_declared_once_with_help_bounds_and_users(field):
+    spec = FaultToleranceConfig.field_spec(field)
+    assert spec.help and spec.accepts and spec.used_by and spec.metavar
+    text = FaultToleranceConfig.field_help(field)
+    assert spec.help in text and f"Accepted: {spec.accepts}" in text and "Default: " in text
+    assert f"{field}: {text}" in FaultToleranceConfig.__doc__
+
+
+@pytest.mark.parametrize(
+    ("field", "text"),
+    [("rank_heartbeat_timeout", "-2"), ("workload_check_interval", "1e-300"), ("safety_factor", "inf"),
+     ("rank_section_timeouts", "a:0"), ("rank_termination_signal", "NOPE"), ("log_level", "99"),
+     ("restart_policy", "never")],
+)
+def test_the_cli_parser_and_the_constructor_are_the_same_validator(field, text):
+    with pytest.raises(ConfigError) as from_cli:
+        parse_cli_value(field, text)
+    with pytest.raises(ConfigError) as from_constructor:
+        FaultToleranceConfig(**{field: text})
+    assert str(from_cli.value) == str(from_constructor.value)
+
+
+def test_monitors_and_ranks_receive_only_what_they_use():
+    cfg = FaultToleranceConfig(rank_section_timeouts={"step": 3.0}, restart_policy="min-healthy",
+                               rank_termination_signal="SIGTERM", log_level="DEBUG", safety_factor=2)
+    rank = cfg.sent_to(Role.RANK)
+    assert set(rank) == {"initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
+                         "rank_out_of_section_timeout", "safety_factor", "log_level",
+                         "min_calculated_initial_heartbeat_timeout", "min_calculated_heartbeat_timeout",
+                         "min_calculated_section_timeout", "min_calculated_out_of_section_timeout"}
+    monitor = cfg.sent_to(Role.MONITOR)
+    assert set(monitor) == set(rank) | {"workload_check_interval", "rank_termination_signal",
+                                        "rank_termination_grace", "stack_capture_budget"}
+    assert set(cfg.sent_to(Role.LAUNCHER)) == set(FaultToleranceConfig.field_names())
+
+    received = FaultToleranceConfig.as_received(json.loads(json.dumps(rank)), Role.RANK)
+    assert received.safety_factor == 2.0 and received.rank_section_timeouts == {"step": 3.0}
+    # what a rank was not sent shows as None, never as a default that may differ from the launcher's
+    assert received.restart_policy is None and received.rank_termination_signal is None
+    assert received.log_level == logging.DEBUG and received.workload_check_interval is None
+    assert received.to_dict()["restart_policy"] is None
+    on_monitor = FaultToleranceConfig.as_received(monitor, Role.MONITOR)
+    assert on_monitor.rank_termination_signal is signal.SIGTERM and on_monitor.restart_policy is None
+    assert on_monitor.sent_to(Role.RANK) == rank
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"rank_heartbeat_timeout": 5}, "missing: initial_rank_heartbeat_timeout"),
+        ({**FaultToleranceConfig().sent_to(Role.RANK), "restart_policy": "any-failed"},
+         "not expected: restart_policy"),
+        ({**FaultToleranceConfig().sent_to(Role.RANK), "bogus": 1}, "bogus"),
+        ({**FaultToleranceConfig().sent_to(Role.RANK), "safety_factor": 0}, "safety_factor"),
+        ([1, 2], "mapping"),
+    ],
+)
+def test_a_received_config_must_hold_exactly_the_fields_sent(data, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        FaultToleranceConfig.as_received(data, Role.RANK)
+
+
+def test_the_largest_section_config_fits_in_one_handshake_message():
+    names = [chr(0x1F600 + i) * 64 for i in range(32)]  # 12 bytes each as JSON escapes
+    cfg = FaultToleranceConfig(rank_section_timeouts={n: 1.2345678901234567e-05 for n in names})
+    reply = {"type": protocol.MSG_INIT_OK, "config": cfg.sent_to(Role.RANK), "sections": sorted(names)}
+    assert len(protocol.encode(reply)) <= protocol.MAX_MESSAGE_BYTES
 
 
 def test_unknown_field_in_cli_parser_lists_valid_fields():

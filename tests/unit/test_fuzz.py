@@ -16,11 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ft_core import protocol
-from ft_core.client import RankMonitorClient
 from ft_core.config import ConfigError, FaultToleranceConfig, parse_cli_value
+from ft_core.data import HeartbeatTimeouts, SectionTimeouts, WorkloadAction, WorkloadControlRequest
 from ft_core.errors import ProtocolError, RankMonitorClientError
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
-from ft_core.workload_control import WorkloadAction, WorkloadControlRequest
+from ft_core.rank_monitor_client import RankMonitorClient
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -142,6 +141,19 @@ def test_config_from_any_mapping_is_valid_or_a_config_error(data):
 
 
 @FUZZ
+@given(fields_of(CONFIG_FIELDS), st.sampled_from(["rank", "monitor"]))
+def test_a_received_config_is_valid_or_a_config_error(data, role):
+    # What a rank makes of a monitor's handshake reply, and a monitor of its --config-json.
+    try:
+        cfg = FaultToleranceConfig.as_received(data, role)
+    except ConfigError:
+        return
+    assert cfg.sent_to(role) == FaultToleranceConfig.from_dict(cfg.sent_to(role)).sent_to(role)
+    unsent = set(CONFIG_FIELDS) - set(FaultToleranceConfig.fields_sent_to(role))
+    assert all(getattr(cfg, name) is None for name in unsent)
+
+
+@FUZZ
 @given(st.sampled_from(CONFIG_FIELDS), plausible | st.text(max_size=40) | st.integers().map(str))
 def test_cli_values_parse_or_raise_a_config_error(field, text):
     try:
@@ -193,8 +205,8 @@ def test_saved_state_loads_back(state):
     client = RankMonitorClient()
     client.load_state_dict(json.loads(json.dumps(state)))
     parsed = client._loaded_state
-    assert parsed["hb"].to_dict() == state["hb_timeouts"]
-    assert parsed["sections"].to_dict() == state["section_timeouts"]
+    assert parsed.hb.to_dict() == state["hb_timeouts"]
+    assert parsed.sections.to_dict() == state["section_timeouts"]
 
 
 # ---------------------------------------------------------------------- workload control

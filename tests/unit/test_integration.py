@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from ft_core import FaultToleranceConfig, RankMonitorClientError
 from ft_core.config import ConfigError
 from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 from ft_core.integration import FaultToleranceIntegration
+from tests.conftest import HARMLESS_TERMINATION
 
 LONG = 600.0
 SECTIONS = {"setup": LONG, "step": LONG, "checkpointing": LONG}
@@ -32,13 +32,13 @@ SAFETY_FACTOR = 1e9  # a 1 us section gives a 1000 s timeout
 def config(**overrides) -> FaultToleranceConfig:
     values = dict(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
                   rank_section_timeouts=SECTIONS, rank_out_of_section_timeout=LONG,
-                  safety_factor=SAFETY_FACTOR, rank_termination_signal=signal.SIGURG)
+                  safety_factor=SAFETY_FACTOR, **HARMLESS_TERMINATION)
     values.update(overrides)
     return FaultToleranceConfig(**values)
 
 
 @pytest.fixture
-def monitor(start_monitor, monkeypatch):
+def monitor(start_monitor, monkeypatch, harmless_termination):
     """Factory: start a monitor with ``config(**overrides)`` and point this process at it."""
 
     def factory(**overrides) -> None:
@@ -139,11 +139,13 @@ def test_setup_refuses_a_config_it_cannot_watch(monitor, ft, tmp_path, overrides
         assert ft.is_initialized
 
 
-def test_finite_heartbeat_timeouts_are_accepted(monitor, ft, tmp_path):
-    # No heartbeats are sent, but section changes count as progress for the monitor.
+def test_a_finite_initial_heartbeat_timeout_is_refused_at_setup(monitor, ft, tmp_path):
+    # No heartbeats are sent, and sections are not heartbeats (seed 002): the monitor would stop
+    # the rank an hour in. Said at setup instead.
     monitor(initial_rank_heartbeat_timeout=3600.0, rank_heartbeat_timeout=2700.0)
-    ft.setup(tmp_path)
-    assert ft.is_initialized and ft.client.hb_timeouts.initial == 3600.0
+    with pytest.raises(ConfigError, match="initial_rank_heartbeat_timeout=3600.0 is finite.*sections are not heartbeats"):
+        ft.setup(tmp_path, calculate_timeouts=True)
+    assert not ft.is_initialized
 
 
 def test_setup_twice_is_an_error(monitor, ft, tmp_path):
@@ -310,7 +312,7 @@ def test_shutdown_without_update_only_disconnects(monitor, ft, tmp_path):
     assert not (tmp_path / ft_integration.STATE_FILE_NAME).exists()
 
 
-def test_saved_timeouts_are_loaded_by_the_next_setup(monitor, ft, tmp_path):
+def test_saved_timeouts_are_loaded_by_the_next_setup_that_calculates(monitor, ft, tmp_path):
     monitor()
     ft.setup(tmp_path, calculate_timeouts=True)
     run_steps(ft, ft_integration.MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE)
@@ -320,11 +322,20 @@ def test_saved_timeouts_are_loaded_by_the_next_setup(monitor, ft, tmp_path):
 
     second = FaultToleranceIntegration()
     try:
-        second.setup(tmp_path, calculate_timeouts=False)  # loaded whenever present
+        second.setup(tmp_path, calculate_timeouts=True)
         assert second.client.section_timeouts.to_dict() == saved
         assert second.state_file_path == str(tmp_path / ft_integration.STATE_FILE_NAME)
     finally:
-        second.shutdown()
+        second.shutdown(update_timeouts=False)
+    # Without calculate_timeouts the configured timeouts are used as they are (as the callbacks do).
+    third = FaultToleranceIntegration()
+    try:
+        third.setup(tmp_path, calculate_timeouts=False)
+        assert third.client.section_timeouts.section == SECTIONS
+        assert not third.client.section_timeouts.calculated_sections
+    finally:
+        third.shutdown()
+    assert read_state(tmp_path)["section_timeouts"] == saved  # and the file is left alone
 
 
 @pytest.mark.parametrize("content, message", [
@@ -351,7 +362,7 @@ def test_an_unwritable_state_file_is_logged_and_training_goes_on(monitor, ft, tm
     with caplog.at_level(logging.ERROR, logger="ft_core.integration"):
         save(ft)
     assert "cannot save calculated timeouts" in caplog.text
-    assert ft.client.section_timeouts.calculated_sections == ["checkpointing"]
+    assert ft.client.section_timeouts.calculated_sections == {"checkpointing"}
     run_steps(ft, 1)
     assert ft.is_initialized
 

@@ -106,7 +106,7 @@ def test_a_worker_forked_by_the_warm_template_is_a_worker(control, run_dir):
              control.path, request_frame().hex()],
             env={**os.environ, "FT_WARM_TEMPLATE_SOCKET": os.path.join(run_dir, "warm.sock")},
             stdout=subprocess.PIPE, text=True)
-        control.set_workers([trampoline.pid])
+        control.set_workers([trampoline.pid], template_pid=template.pid)
         out, _ = trampoline.communicate(timeout=30)
         ppid, reply = out.split(" ", 1)
         assert int(ppid) == template.pid, "the worker was not forked by the template"

@@ -71,7 +71,7 @@ def test_a_running_launcher_is_closed_to_other_users(tmp_path):
         _, err = proc.communicate(timeout=60)
         left = os.listdir(tmpdir)
         shutil.rmtree(tmpdir, ignore_errors=True)
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 1, err  # stopped by SIGTERM; the workers died of it (no handler): 1
     assert not left, left
     events = read_events(tmp_path / "events.jsonl")
     assert not events_of(events, "control_request") and not events_of(events, "failure")

@@ -1,24 +1,85 @@
-"""The private LocalElasticAgent hooks we override still have the signatures we rely on."""
+"""What we rely on in torch's elastic agent and launcher, so that a torch upgrade fails here, loudly.
 
+``FaultTolerantAgent`` overrides private ``LocalElasticAgent`` hooks and touches a few private
+attributes, and ``launcher/launch.py`` rebuilds torch's ``launch_agent`` (which hard-codes
+``LocalElasticAgent``) from torch's own building blocks. Each test names what changed and where
+we depend on it.
+"""
+
+from __future__ import annotations
+
+import ast
 import inspect
+import os
+import shutil
+import signal
+import textwrap
+from dataclasses import fields
+from pathlib import Path
 
+import pytest
+import torch.distributed as dist
+from torch.distributed import run as torch_run
+from torch.distributed.elastic.agent.server import api as agent_api
+from torch.distributed.elastic.agent.server import local_elastic_agent
+from torch.distributed.elastic.agent.server.api import (
+    RunResult,
+    SimpleElasticAgent,
+    WorkerGroup,
+    WorkerSpec,
+)
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import api as mp_api
+from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
+from torch.distributed.launcher import api as launcher_api
 
+from launcher import launch as our_launch
 from launcher.agent import FaultTolerantAgent
+from launcher.cli import get_args_parser
+from launcher.store_channel import STORE_ERRORS
+from tests.torch_source_checks import (
+    HOOKS,
+    INVOKE_RUN_FRAGMENTS,
+    LAUNCH_AGENT_CALLS,
+    LAUNCH_CONFIG_FIELDS_READ,
+    LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT,
+    OUR_AGENT_ARG_NAMES,
+    TORCH_PRIVATE_ATTRIBUTES,
+    run_checks,
+)
 
-EXPECTED = {
-    "_start_workers": ["self", "worker_group"],
-    "_stop_workers": ["self", "worker_group"],
-    "_monitor_workers": ["self", "worker_group"],
-    "_shutdown": ["self", "death_sig", "timeout"],
-    "_restart_workers": ["self", "worker_group"],
-    "_rendezvous": ["self", "worker_group"],
-    "_setup_local_watchdog": ["self", "envs"],
-}
+LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
+
+# One list of what we rely on, shared with the static checks that run on every supported
+# release's sources (make check-torch-versions).
+# The unit tests below check the installed torch at run time; the last ones run the static
+# checks on the installed torch's sources.
+
+
+def function_ast(func) -> ast.FunctionDef:
+    return ast.parse(textwrap.dedent(inspect.getsource(func))).body[0]
+
+
+def calls_in(tree: ast.AST) -> dict[str, ast.Call]:
+    return {ast.unparse(node.func): node for node in ast.walk(tree) if isinstance(node, ast.Call)}
+
+
+def keywords(call: ast.Call) -> set[str]:
+    return {k.arg for k in call.keywords if k.arg is not None}
+
+
+def spec(**overrides) -> WorkerSpec:
+    return WorkerSpec(**{"role": "trainer", "local_world_size": 1, "rdzv_handler": None,
+                         "entrypoint": "/bin/true", "max_restarts": 3, **overrides})
+
+
+# ---------------------------------------------------------------------- the hooks
 
 
 def test_overridden_hooks_match_torch():
-    for name, params in EXPECTED.items():
+    for name, params in HOOKS.items():
         theirs = list(inspect.signature(getattr(LocalElasticAgent, name)).parameters)
         ours = list(inspect.signature(getattr(FaultTolerantAgent, name)).parameters)
         assert theirs == params, f"torch changed LocalElasticAgent.{name}: {theirs}"
@@ -29,11 +90,238 @@ def test_torch_calls_the_env_hook_with_per_rank_envs():
     # We inject per-rank variables through _setup_local_watchdog(envs); torch must call it from
     # _start_workers with the per-local-rank environment dicts, before starting processes.
     source = inspect.getsource(LocalElasticAgent._start_workers)
-    assert "self._setup_local_watchdog(envs=envs)" in source
+    assert "self._setup_local_watchdog(envs=envs)" in source, "torch no longer hands us the worker envs"
     assert source.index("_setup_local_watchdog") < source.index("start_processes(")
 
 
-def test_agent_constructor_accepts_what_we_pass():
+def test_torchs_stop_workers_is_only_shutdown_with_its_default_timeout():
+    # FaultTolerantAgent._stop_workers replaces it with self._shutdown(timeout=--term-timeout).
+    body = function_ast(LocalElasticAgent._stop_workers).body
+    body = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]  # docstring
+    assert [ast.unparse(s) for s in body] == ["self._shutdown()"], (
+        "torch's LocalElasticAgent._stop_workers now does more than self._shutdown(); "
+        "FaultTolerantAgent._stop_workers must do it too")
+
+
+def test_torch_passes_shutdown_timeout_only_to_shutdown():
+    # We hand torch a fractional --term-timeout as shutdown_timeout (typed int in torch) and rely
+    # on torch using it only as _shutdown(timeout=...), which is our override.
+    uses = [node for module in (agent_api, local_elastic_agent)
+            for node in ast.walk(ast.parse(inspect.getsource(module)))
+            if isinstance(node, ast.Attribute) and node.attr == "_shutdown_timeout"]
+    assert uses, "torch no longer has _shutdown_timeout"
+    tree = ast.parse(inspect.getsource(agent_api))
+    allowed = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(ast.unparse(t) == "self._shutdown_timeout" for t in node.targets):
+            assert ast.unparse(node.value) == "shutdown_timeout"
+            allowed += 1
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "self._shutdown":
+            allowed += sum(1 for k in node.keywords if ast.unparse(k.value) == "self._shutdown_timeout")
+    assert allowed == len(uses), "torch uses _shutdown_timeout elsewhere than in __init__ and _shutdown(timeout=...)"
+    run_calls = [ast.unparse(c) for c in ast.walk(function_ast(SimpleElasticAgent.run))
+                 if isinstance(c, ast.Call) and ast.unparse(c.func) == "self._shutdown"]
+    assert sorted(run_calls) == sorted(["self._shutdown(e.sigval, timeout=self._shutdown_timeout)",
+                                        "self._shutdown(timeout=self._shutdown_timeout)"]), run_calls
+
+
+def test_the_loop_we_plug_into():
+    source = inspect.getsource(SimpleElasticAgent._invoke_run)
+    for fragment, why in INVOKE_RUN_FRAGMENTS:
+        assert fragment in source, f"torch's _invoke_run changed ({fragment!r}): {why}"
+    assert "self._store = store" in inspect.getsource(SimpleElasticAgent._rendezvous), (
+        "torch's _rendezvous no longer sets self._store; StoreChannel.attach reads it")
+
+
+# ---------------------------------------------------------------------- private attributes
+
+
+def our_agent_source() -> ast.Module:
+    return ast.parse((LAUNCHER / "agent.py").read_text())
+
+
+def private_self_attributes(tree: ast.AST) -> set[str]:
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"
+            and node.attr.startswith("_") and not node.attr.startswith("__")}
+
+
+def ours_defined(tree: ast.Module) -> set[str]:
+    """Attributes FaultTolerantAgent.__init__ assigns and the methods it defines."""
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FaultTolerantAgent")
+    methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    init = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assigned = {t.attr for n in ast.walk(init) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"}
+    return methods | assigned
+
+
+def torch_attributes() -> set[str]:
+    agent = LocalElasticAgent(spec(), logs_specs=DefaultLogsSpecs(log_dir=os.devnull))
+    return set(vars(agent)) | set(dir(LocalElasticAgent))
+
+
+def test_every_private_torch_attribute_we_touch_is_listed_and_exists():
+    tree = our_agent_source()
+    ours = ours_defined(tree) - set(HOOKS)
+    theirs = private_self_attributes(tree) - ours - set(HOOKS)
+    assert theirs == set(TORCH_PRIVATE_ATTRIBUTES), (
+        f"agent.py touches private torch attributes {sorted(theirs - set(TORCH_PRIVATE_ATTRIBUTES))} not listed "
+        f"in TORCH_PRIVATE_ATTRIBUTES (or no longer touches {sorted(set(TORCH_PRIVATE_ATTRIBUTES) - theirs)})")
+    torch_names = torch_attributes()
+    missing = set(TORCH_PRIVATE_ATTRIBUTES) - torch_names
+    assert not missing, f"torch's LocalElasticAgent no longer has {sorted(missing)}"
+
+
+def test_our_attributes_do_not_shadow_torchs():
+    clashes = (ours_defined(our_agent_source()) - set(HOOKS) - {"__init__"}) & torch_attributes()
+    assert not clashes, f"FaultTolerantAgent's attributes {sorted(clashes)} now shadow torch's: rename ours"
+
+
+def test_private_attribute_values_after_construction():
+    agent = LocalElasticAgent(spec(max_restarts=5), logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
+                              shutdown_timeout=1.5)
+    assert agent._remaining_restarts == 5
+    assert agent._store is None  # set by _rendezvous
+    assert agent._shutdown_timeout == 1.5  # stored as given (torch types it int; we pass a float)
+    assert inspect.signature(LocalElasticAgent._shutdown).parameters["timeout"].default == 30
+
+
+def test_nothing_outside_the_agent_reads_private_attributes_of_other_objects():
+    allowed = {"_exit", "_run_exitfuncs"}  # os._exit and atexit._run_exitfuncs (the warm template)
+    # The rendezvous poll wrapper; torch_source_checks.check_rendezvous_poll checks it on every
+    # supported torch release.
+    allowed_in = {"rendezvous_poll.py": {"_delay", "_state_holder", "_cache_duration"}}
+    found = []
+    for path in sorted(LAUNCHER.glob("*.py")):
+        if path.name == "agent.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+                    and node.attr not in allowed | allowed_in.get(path.name, set())):
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, found
+
+
+# ---------------------------------------------------------------------- data we read
+
+
+def test_the_data_torch_hands_us():
+    group = WorkerGroup(spec(local_world_size=2))
+    for name in ("workers", "group_rank", "group_world_size", "spec", "store"):
+        assert hasattr(group, name), f"torch's WorkerGroup has no {name!r} any more"
+    for name in ("local_rank", "global_rank"):
+        assert hasattr(group.workers[0], name), f"torch's Worker has no {name!r} any more"
+    assert {f.name for f in fields(RunResult)} >= {"state", "failures"}
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file="<N/A>")
+    for name in ("local_rank", "pid", "exitcode", "message"):
+        assert hasattr(failure, name), f"torch's ProcessFailure has no {name!r} any more"
+    assert SignalException("x", sigval=signal.SIGTERM).sigval == signal.SIGTERM
+
+
+def test_store_errors_are_what_we_catch():
+    # launcher.store_channel catches STORE_ERRORS around every store operation
+    for error in (dist.DistStoreError, dist.DistNetworkError, dist.DistError):
+        assert issubclass(error, STORE_ERRORS), f"torch's {error.__name__} is no longer a {STORE_ERRORS}"
+
+
+def test_environment_variables_torch_still_reads():
+    assert our_launch.SHARE_STORE_ENV in inspect.getsource(dynamic_rendezvous), (
+        "torch's c10d rendezvous no longer reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE (fresh store per round)")
+    assert "TORCHELASTIC_SIGNALS_TO_HANDLE" in inspect.getsource(mp_api)
+
+
+# ---------------------------------------------------------------------- the launch_agent we rebuild
+
+
+def test_launch_agent_does_nothing_we_do_not_know_about():
+    calls = set(calls_in(function_ast(launcher_api.launch_agent)))
+    assert calls <= set(LAUNCH_AGENT_CALLS), (
+        f"torch's launch_agent now also calls {sorted(calls - set(LAUNCH_AGENT_CALLS))}: check "
+        "launcher/launch.py, which rebuilds it")
+    source = inspect.getsource(launcher_api.launch_agent)
+    assert 'os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle' in source
+    assert "shutdown_rdzv = False" in source  # not after a signal: the others keep the rendezvous
+
+
+def test_we_build_the_worker_spec_as_launch_agent_does():
+    theirs = keywords(calls_in(function_ast(launcher_api.launch_agent))["WorkerSpec"])
+    tree = function_ast(our_launch.worker_spec_kwargs)
+    ours = {ast.literal_eval(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
+    assert ours == theirs, f"launch_agent's WorkerSpec fields changed: {sorted(theirs ^ ours)}"
+    assert ours <= {f.name for f in fields(WorkerSpec)}
+
+
+def test_we_build_the_agent_and_rendezvous_parameters_as_launch_agent_does():
+    theirs = calls_in(function_ast(launcher_api.launch_agent))
+    launch_tree = ast.parse(inspect.getsource(our_launch))
+    ours = calls_in(launch_tree)
+    agent_args = keywords(theirs["LocalElasticAgent"]) - set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT)
+    passed = keywords(ours["FaultTolerantAgent"]) | {"spec", "logs_specs"}  # the first two are positional
+    missing = {a for a in agent_args if OUR_AGENT_ARG_NAMES.get(a, a) not in passed}
+    assert not missing, f"torch's launch_agent now gives LocalElasticAgent {sorted(missing)}; we do not"
     params = inspect.signature(LocalElasticAgent.__init__).parameters
-    for name in ("spec", "logs_specs", "start_method", "log_line_prefix_template", "shutdown_timeout"):
-        assert name in params
+    assert agent_args <= set(params) and set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT) <= set(params)
+    assert keywords(theirs["RendezvousParameters"]) == keywords(ours["RendezvousParameters"])
+    assert inspect.signature(RendezvousParameters.__init__).parameters.keys() >= {
+        "backend", "endpoint", "run_id", "min_nodes", "max_nodes", "local_addr", "kwargs"}
+
+
+def test_config_from_args_gives_what_we_read(tmp_path):
+    args = get_args_parser().parse_args(["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+                                         "--nproc-per-node", "1", "--log-dir", str(tmp_path), "train.py", "--x"])
+    our_launch._apply_torchrun_defaults(args)
+    config, entrypoint, entry_args = torch_run.config_from_args(args)
+    missing = {name for name in LAUNCH_CONFIG_FIELDS_READ if not hasattr(config, name)}
+    assert not missing, f"torch's LaunchConfig no longer has {sorted(missing)}"
+    assert isinstance(entrypoint, str) and entry_args[0] == "-u" and entry_args[-2:] == ["train.py", "--x"]
+
+
+@pytest.mark.parametrize(("argv", "backend", "endpoint"), [
+    (["--standalone"], "c10d", "localhost:0"),
+    ([], "c10d", "localhost:0"),  # torchrun's single-node static default
+    (["--nnodes", "2", "--master-addr", "h", "--master-port", "1234"], "static", ""),
+])
+def test_torchrun_defaults_are_applied_as_torchrun_does(argv, backend, endpoint):
+    source = inspect.getsource(torch_run.run)
+    for fragment in ('args.rdzv_backend = "c10d"', 'args.rdzv_endpoint = "localhost:0"',
+                     "parse_min_max_nnodes(args.nnodes)", "args.master_port = 29500"):
+        assert fragment in source, f"torchrun's run() changed ({fragment!r}); see launch._apply_torchrun_defaults"
+    args = get_args_parser().parse_args([*argv, "train.py"])
+    our_launch._apply_torchrun_defaults(args)
+    assert (args.rdzv_backend, args.rdzv_endpoint) == (backend, endpoint)
+
+
+# ---------------------------------------------------------------------- the static checks
+
+
+TORCH_SOURCES = Path(torch_run.__file__).resolve().parents[2]
+
+
+def test_static_checks_pass_on_the_installed_torch():
+    # The same checks make check-torch-versions runs on each supported release's sources.
+    assert run_checks(TORCH_SOURCES) == []
+
+
+def test_static_checks_find_a_changed_hook(tmp_path):
+    shutil.copytree(TORCH_SOURCES / "torch" / "distributed", tmp_path / "torch" / "distributed")
+    agent = tmp_path / "torch" / "distributed" / "elastic" / "agent" / "server" / "local_elastic_agent.py"
+    text = agent.read_text()
+    assert "def _setup_local_watchdog(self, envs" in text
+    agent.write_text(text.replace("def _setup_local_watchdog(self, envs", "def _setup_local_watchdog(self, worker_envs"))
+    problems = run_checks(tmp_path)
+    assert len(problems) == 1 and "_setup_local_watchdog" in problems[0], problems
+
+
+def test_torchs_log_lines_that_name_a_pid_are_the_ones_we_rewrite():
+    # launcher.agent._WorkerPidLogFilter makes these name the worker's own pid (under warm
+    # restarts torch knows only the stand-in): the messages and argument positions must be torch's.
+    from launcher.agent import TORCH_PID_LINES, TORCH_PROCESS_LOGGER
+
+    assert mp_api.logger.name == TORCH_PROCESS_LOGGER
+    source = inspect.getsource(mp_api)
+    for message, index in TORCH_PID_LINES.items():
+        assert f'"{message}"' in source, message
+        assert message.split("%s")[index].endswith(("pid: ", "process ")), message

@@ -9,7 +9,12 @@ Behaviours:
   always-fail   every run exits 1.
   until-usr1    run 1 blocks SIGUSR1, writes ``STATE_DIR/ready-R-1`` and waits (at most 60 s)
                 for the signal, then exits 0 without the flag; later runs finish.
+  slow-stop     run 1 writes ``STATE_DIR/ready-R-1`` (its pid) and waits (at most 60 s) for
+                SIGTERM, then takes 3 s (a checkpoint), writes ``STATE_DIR/stopped-R-1`` and exits
+                0 without the flag; later runs finish.
   shutdown      asks ft_launcher for ShutdownWorkload, then waits (at most 60 s) to be stopped.
+  exclude-first N  runs 1..N ask ft_launcher for ExcludeThisNode (it exits 65), then wait (at
+                most 60 s) to be stopped; the next run finishes.
   finish        finishes at once.
   clean-exit    exits 0 without the flag (as if stopped early on purpose).
 Finishing means: rank 0 writes ``$FAULT_TOL_FINISHED_FLAG_FILE`` atomically; all ranks exit 0.
@@ -75,13 +80,26 @@ def main() -> int:
             print("autoresume_worker: no SIGUSR1 within the limit", file=sys.stderr)
             return 3
         return 0  # checkpointed (pretend) and stopped early: no flag
-    if behaviour == "shutdown":
+    if behaviour == "slow-stop":
+        if run > 1:
+            return finish(rank)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        atomic_write_text(os.path.join(state_dir, f"ready-{rank}-{run}"), str(os.getpid()))
+        if signal.sigtimedwait({signal.SIGTERM}, WAIT_LIMIT_S) is None:
+            print("autoresume_worker: no SIGTERM within the limit", file=sys.stderr)
+            return 3
+        time.sleep(3.0)  # a checkpoint being written
+        atomic_write_text(os.path.join(state_dir, f"stopped-{rank}-{run}"), str(time.time()))
+        return 0
+    if behaviour == "shutdown" or (behaviour == "exclude-first" and run <= count):
+        action = WorkloadAction.ShutdownWorkload if behaviour == "shutdown" else WorkloadAction.ExcludeThisNode
         if rank == 0:
-            RankMonitorClient().send_workload_control_request(
-                WorkloadControlRequest(WorkloadAction.ShutdownWorkload, "autoresume test"))
+            RankMonitorClient().send_workload_control_request(WorkloadControlRequest(action, "autoresume test"))
         time.sleep(WAIT_LIMIT_S)  # the launcher stops all workers (SIGTERM) well before this
-        print("autoresume_worker: not stopped after ShutdownWorkload", file=sys.stderr)
+        print(f"autoresume_worker: not stopped after {action.name}", file=sys.stderr)
         return 3
+    if behaviour == "exclude-first":
+        return finish(rank)
     print(f"autoresume_worker: unknown behaviour {behaviour!r}", file=sys.stderr)
     return 2
 

@@ -216,7 +216,7 @@ def run(args) -> int:
             if fault_now:
                 misbehave(args, client, FAULT)
             time.sleep(args.step_time)
-    write(args.dir, ".done", monitor_lost=client._monitor_lost)
+    write(args.dir, ".done", monitor_lost=client._conn.lost)
     if args.gloo:
         dist.destroy_process_group()
     client.shutdown_workload_monitoring()

@@ -14,10 +14,14 @@ Config keys (all optional):
     resume: resume from <root>/ckpt/last.ckpt when it exists
     async_ckpt: wrap the checkpoint IO in Lightning's AsyncCheckpointIO
     ddp: DDP on CPU with gloo over the torchelastic environment (ft_launcher / torchrun)
-    step_sleep: seconds each training_step sleeps; step_sleep_by_rank: {"<rank>": seconds} overrides
+    step_sleep: seconds each training_step sleeps; step_sleep_by_rank: {"<rank>": seconds} and
+        step_sleep_by_attempt: {"<AUTORESUME_ATTEMPT>": seconds} override it
     between_steps_sleep: seconds LightningModule.on_train_batch_end sleeps (out of any section)
     linger: seconds to stay alive after fit returned
     both_callbacks: add both fault tolerance callbacks (a configuration error)
+    duplicate_callback: pass the fault tolerance callback instance twice (a configuration error)
+    logger: "csv" -> a CSVLogger under <root> (versioned directories), else no logger
+    fast_dev_run: Trainer(fast_dev_run=...)
     hang: {"where": "step"|"setup"|"checkpoint"|"epoch_end", "step": N, "save": N,
            "rank": R, "cycle": C} -> sleep 600 s there
     fail: {"step": N, "exc": "RuntimeError"|"SystemExit0"|"SystemExit1"|"KeyboardInterrupt"
@@ -25,9 +29,17 @@ Config keys (all optional):
     fail_in_setup: raise ValueError("model setup failed on purpose") in LightningModule.setup
     fault: {"params": SimulatedFaultParams dict, "cycle": C} -> simulated fault (in cycle C only)
     early_stop: log "loss" and add an EarlyStopping that stops at its first check
+    record_sections: report the sections open at every training and validation batch start
+        (after the fault tolerance callback's hook)
+    probe_collectives: at train start, report what the callbacks' strategy collectives return
+    report_steps: report every training batch end ("step", global step) and every checkpoint
+        dump on every rank ("save", global step)
+    signal_self: {"rank": R, "step": N, "signal": "SIGUSR1", "cycle": C} -> that rank signals
+        itself in training step N
 
 Reports (JSON lines) go to <root>/report_rank<R>_cycle<C>.jsonl: "started" and "train_end" (the
-timeouts the client runs with, state file), "fit_end" (global step) and "exception".
+timeouts the client runs with, state file), "fit_end" (global step), "exception", and with the
+options above "batch" (kind, index, open sections) and "collectives".
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -44,6 +57,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
 from ft_core import WorkloadAction, WorkloadControlRequest
@@ -90,6 +104,9 @@ class Model(BoringModel):
 
     def training_step(self, batch: Any, batch_idx: int) -> Any:
         step = self.trainer.global_step
+        signal_self = self.cfg.get("signal_self")
+        if _selected(signal_self) and step == signal_self.get("step", 0):
+            os.kill(os.getpid(), signal.Signals[signal_self.get("signal", "SIGUSR1")])
         hang = self.cfg.get("hang")
         if _selected(hang) and hang["where"] == "step" and step == hang.get("step", 0):
             time.sleep(HANG_SECONDS)
@@ -107,6 +124,7 @@ class Model(BoringModel):
             if kind == "ShouldStop":
                 self.trainer.should_stop = True
         step_sleep = self.cfg.get("step_sleep_by_rank", {}).get(str(_rank()), self.cfg.get("step_sleep"))
+        step_sleep = self.cfg.get("step_sleep_by_attempt", {}).get(os.environ.get("AUTORESUME_ATTEMPT", ""), step_sleep)
         if step_sleep:
             time.sleep(step_sleep)
         output = super().training_step(batch, batch_idx)
@@ -143,25 +161,64 @@ class SlowCheckpointIO(TorchCheckpointIO):
 class Report(Callback):
     """Reports what the fault tolerance callback runs with, once training starts."""
 
-    def __init__(self, reporter: Reporter, ft: Any) -> None:
+    def __init__(self, reporter: Reporter, ft: Any, cfg: dict[str, Any]) -> None:
         self.reporter = reporter
         self.ft = ft
+        self.cfg = cfg
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._emit("started", trainer)
+        if self.cfg.get("probe_collectives"):
+            from ptl_resiliency._collectives import StrategyCollectives
+
+            coll = StrategyCollectives(trainer.strategy)
+            rank = coll.rank()
+            self.reporter.emit(op="collectives", world_size=coll.world_size(), rank=rank,
+                               all_true=coll.all_true([True, rank == 0]), all_max=coll.all_max([rank, -rank]),
+                               text=coll.broadcast_text(f"from rank {rank}"),
+                               none=coll.broadcast_text(None if rank == 0 else "not rank 0"))
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._emit_batch("train", batch_idx)
+
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        self._emit_batch("sanity" if trainer.sanity_checking else "validation", batch_idx)
+
+    def _emit_batch(self, kind: str, index: int) -> None:
+        if self.cfg.get("record_sections") and self.ft is not None and self.ft.client is not None:
+            self.reporter.emit(op="batch", kind=kind, index=index, open=list(self.ft.client.open_sections))
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.cfg.get("report_steps"):
+            self.reporter.emit(op="step", global_step=trainer.global_step)
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if self.cfg.get("report_steps"):  # every rank builds the checkpoint; rank 0 writes it
+            self.reporter.emit(op="save", global_step=trainer.global_step)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._emit("train_end", trainer)
 
     def _emit(self, op: str, trainer: Trainer) -> None:
         client = self.ft.client if self.ft is not None else None
+        try:  # a warm-started worker is a child of the launcher's warm template (launcher/zygote.py)
+            parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            parent = ""
         self.reporter.emit(
             op=op,
+            parent=parent,
+            attempt=os.environ.get("AUTORESUME_ATTEMPT"),
             hb=client.hb_timeouts.to_dict() if client else None,
             sections=client.section_timeouts.to_dict() if client else None,
             state_file=self.ft.state_file_path if self.ft is not None else None,
             global_step=trainer.global_step,
             world_size=trainer.world_size,
+            cluster_environment=type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
+            sigusr1_handler=repr(signal.getsignal(signal.SIGUSR1)),
+            log_dir=trainer.log_dir,
         )
 
 
@@ -192,9 +249,11 @@ def build(cfg: dict[str, Any]) -> tuple[Trainer, Model, Any, str | None]:
             cb_kwargs["exc_handling_policy"] = shutdown_on_runtime_error
         ft = FaultToleranceSectionsCallback(**cb_kwargs)
     callbacks: list[Callback] = [] if ft is None else [ft]
+    if cfg.get("duplicate_callback"):
+        callbacks.append(ft)
     if cfg.get("both_callbacks"):
         callbacks.append(FaultToleranceSectionsCallback(autoresume=False, calculate_timeouts=False))
-    callbacks.append(Report(reporter, ft))
+    callbacks.append(Report(reporter, ft, cfg))
     ckpt_dir = os.path.join(root, "ckpt")
     ckpt_every = cfg.get("ckpt_every", 0)
     if ckpt_every:
@@ -209,7 +268,7 @@ def build(cfg: dict[str, Any]) -> tuple[Trainer, Model, Any, str | None]:
     trainer_kwargs: dict[str, Any] = dict(
         default_root_dir=root,
         accelerator="cpu",
-        logger=False,
+        logger=CSVLogger(save_dir=root) if cfg.get("logger") == "csv" else False,
         enable_progress_bar=False,
         enable_model_summary=False,
         enable_checkpointing=bool(ckpt_every),
@@ -224,6 +283,8 @@ def build(cfg: dict[str, Any]) -> tuple[Trainer, Model, Any, str | None]:
     )
     if cfg.get("max_time") is not None:
         trainer_kwargs["max_time"] = {"seconds": cfg["max_time"]}
+    if cfg.get("fast_dev_run"):
+        trainer_kwargs["fast_dev_run"] = cfg["fast_dev_run"]
     if cfg.get("ddp"):
         trainer_kwargs.update(strategy="ddp", devices=int(os.environ["LOCAL_WORLD_SIZE"]), num_nodes=1)
     else:
@@ -241,7 +302,7 @@ def run(cfg: dict[str, Any]) -> Trainer:
     try:
         trainer.fit(model, ckpt_path=ckpt_path)
     except BaseException as exc:
-        reporter.emit(op="exception", exc=repr(exc))
+        reporter.emit(op="exception", exc=repr(exc), text=str(exc), global_step=trainer.global_step)
         raise
     reporter.emit(op="fit_end", global_step=trainer.global_step, resumed_from=ckpt_path)
     if cfg.get("linger"):

@@ -2,9 +2,12 @@
 
 Each step is a list ``[op, *args]``; results are printed as JSON lines on stdout so the test
 can follow along. Ops: init, hb N INTERVAL, start NAME, end NAME, sleep S, calc_hb,
-calc_sections SELECTED CALC_OOS, save PATH, load PATH, shutdown, exit CODE, spin S, stop.
+calc_sections SELECTED CALC_OOS, save PATH, load PATH, shutdown, exit CODE, spin S, stop,
+step N (set_step), gil S (a C call holding the GIL), on_term return|exit0 (a SIGTERM handler that
+returns, or exits 0).
 """
 
+import ctypes
 import json
 import os
 import signal
@@ -16,6 +19,19 @@ from ft_core import RankMonitorClient, RankMonitorClientError
 
 def emit(**fields):
     print(json.dumps(fields), flush=True)
+
+
+def busy_in_c(seconds):
+    # PyDLL keeps the GIL for the call: no other Python thread runs, no Python signal handler.
+    ctypes.PyDLL(None).sleep(int(seconds))
+
+
+def on_term(mode):
+    def handler(signum, frame):
+        emit(op="sigterm")
+        if mode == "exit0":
+            sys.exit(0)
+    signal.signal(signal.SIGTERM, handler)
 
 
 def main() -> int:
@@ -38,6 +54,13 @@ def main() -> int:
         elif op == "sleep":
             emit(op="sleep", at=time.monotonic())
             time.sleep(args[0])
+        elif op == "step":
+            client.set_step(args[0])
+        elif op == "gil":
+            emit(op="gil", at=time.monotonic())
+            busy_in_c(args[0])
+        elif op == "on_term":
+            on_term(args[0])
         elif op == "stop":
             emit(op="stop", at=time.monotonic())
             os.kill(os.getpid(), signal.SIGSTOP)

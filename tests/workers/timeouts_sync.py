@@ -1,4 +1,8 @@
-"""Two ranks observe different intervals; calculated timeouts must agree (all-reduce MAX)."""
+"""Two ranks observe different intervals; calculated timeouts must agree (all-reduce MAX).
+
+Rank 0 waits 0.05 s between heartbeats and in ``step``, and alone opens ``only0`` (0.2 s).
+Rank 1 waits 0.3 s and never opens ``only0``. No rank opens ``idle``.
+"""
 
 import json
 import os
@@ -22,10 +26,16 @@ client.send_heartbeat()
 client.start_section("step")
 time.sleep(gap)
 client.end_section("step")
+if rank == 0:
+    client.start_section("only0")
+    time.sleep(0.2)
+    client.end_section("only0")
 dist.barrier()
 ok_hb = client.calculate_and_set_hb_timeouts()
-ok_sections = client.calculate_and_set_section_timeouts(selected_sections=["step"], calc_out_of_section=False)
+ok_sections = client.calculate_and_set_section_timeouts(selected_sections=["step", "only0"], calc_out_of_section=False)
+ok_idle = client.calculate_and_set_section_timeouts(selected_sections=["idle"], calc_out_of_section=False,
+                                                    skip_if_not_ready=True)
 atomic_write_text(os.path.join(sys.argv[1], f"rank{rank}.json"),
-                  json.dumps({"ok": [ok_hb, ok_sections], "state": client.state_dict()}))
+                  json.dumps({"ok": [ok_hb, ok_sections, ok_idle], "state": client.state_dict()}))
 client.shutdown_workload_monitoring()
 dist.destroy_process_group()

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from ft_core.client import RankMonitorClient
 from ft_core.config import ConfigError
+from ft_core.policy_actions import update_heartbeat_timeouts
+from ft_core.rank_monitor_client import RankMonitorClient
+from ft_core.sections_policy import (
+    MIN_ITERS_FOR_HB_TIMEOUTS,
+    HeartbeatsPolicy,
+    heartbeats_config_error,
+)
 from ft_core.simulated_fault import SimulatedFaultParams
-from ptl_resiliency._base import PathLike, _FaultToleranceCallbackBase
+from ft_core.state_file import PART_HEARTBEATS
+from ptl_resiliency._base import GracefulStopOption, PathLike, _FaultToleranceCallbackBase
+from ptl_resiliency._checkpoint_hooks import KIND_SAVE
 from ptl_resiliency._lightning import pl
-from ptl_resiliency._training_state import all_ranks_agree
 
-MIN_ITERS_FOR_HB_TIMEOUTS = 2
-"""Training iterations a run must have done before it calculates heartbeat timeouts: with fewer,
-the intervals say nothing about a step."""
+__all__ = ["MIN_ITERS_FOR_HB_TIMEOUTS", "FaultToleranceCallback"]
 
 
 class FaultToleranceCallback(_FaultToleranceCallbackBase):
@@ -35,21 +40,32 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
     little data the update is skipped with a log line.
 
     Auto-resume: with ``autoresume=True``, rank 0 creates the file named by
-    ``FAULT_TOL_FINISHED_FLAG_FILE`` when training completed (``max_steps``/``max_epochs``
-    reached, ``max_time`` ran out, ``EarlyStopping`` stopped it, or a clean ``SystemExit(0)``),
-    never after a failure or interruption. See ``docs/lightning.md``.
+    ``FAULT_TOL_FINISHED_FLAG_FILE`` when training completed (``max_steps`` reached, the last
+    epoch allowed by ``max_epochs`` ran to its end, ``max_time`` ran out, ``EarlyStopping``
+    stopped it, or a clean ``SystemExit(0)``), never after a failure or interruption, a
+    ``trainer.should_stop`` set by user code, or a ``fast_dev_run``. A ``ConfigError`` at setup
+    also asks ``ft_launcher`` to stop the job (no restart can fix it). See ``docs/lightning.md``.
 
     Args:
         autoresume: Create the finished flag file when training completes.
         calculate_timeouts: Calculate timeouts from observed intervals and persist them.
         simulated_fault_params: A :class:`~ft_core.simulated_fault.SimulatedFaultParams` or an
             equivalent dict, to kill or hang one rank on purpose (for testing restarts).
-        exp_dir: Directory of the timeouts file; default ``<trainer.log_dir>/ft_state``.
+        exp_dir: Directory of the timeouts file; default ``<trainer.default_root_dir>/ft_state``
+            (the same for every run started the same way).
         logger_name: Name of the logger this callback logs to.
+        graceful_stop: Turn stop signals (default SIGTERM and SIGUSR1) into a coordinated stop:
+            all ranks agree on a step, save a checkpoint there and leave ``fit`` with
+            :class:`~ft_core.graceful_stop.GracefulStopExit` (exit status 0, no finished flag).
+            True, a :class:`~ft_core.graceful_stop.GracefulStopConfig` or a dict of its fields
+            (``signals``, ``check_interval``, ``checkpoint_path``); None or False: off. See
+            ``docs/lightning.md``.
 
     Raises:
         ValueError: An argument has an invalid value (named in the message).
     """
+
+    _STATE_PART = PART_HEARTBEATS
 
     def __init__(
         self,
@@ -58,29 +74,21 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
         simulated_fault_params: Optional[Union[SimulatedFaultParams, dict[str, Any]]] = None,
         exp_dir: Optional[PathLike] = None,
         logger_name: str = "ptl_resiliency.FaultToleranceCallback",
+        graceful_stop: GracefulStopOption = None,
     ) -> None:
-        super().__init__(autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name)
+        super().__init__(autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name, graceful_stop)
 
-    # ------------------------------------------------------------------ configuration
+    # ------------------------------------------------------------------ policy
 
-    def _check_timeouts(self, client: RankMonitorClient) -> None:
-        out_of_section = client.section_timeouts.out_of_section
-        if out_of_section is not None:
-            raise ConfigError(
-                f"FaultToleranceCallback: rank_out_of_section_timeout={out_of_section!r} is set, but "
-                "this callback opens no sections, so the monitor would stop this rank after "
-                f"{out_of_section:g} s. Pass --ft-param-rank_out_of_section_timeout=null, or use "
-                "FaultToleranceSectionsCallback."
-            )
+    def _new_policy(self, trainer: pl.Trainer) -> HeartbeatsPolicy:
+        return HeartbeatsPolicy(self.calculate_timeouts)
+
+    def _config_error(self, client: RankMonitorClient) -> Optional[ConfigError]:
         timeouts = client.hb_timeouts
-        if not timeouts.are_valid and not self.calculate_timeouts:
-            raise ConfigError(
-                "FaultToleranceCallback: heartbeat hang detection is off because a heartbeat "
-                f"timeout is infinite (initial_rank_heartbeat_timeout={timeouts.initial!r}, "
-                f"rank_heartbeat_timeout={timeouts.subsequent!r}) and calculate_timeouts=False. "
-                "Set both timeouts, e.g. ft_launcher --ft-param-initial_rank_heartbeat_timeout=600 "
-                "--ft-param-rank_heartbeat_timeout=300, or pass calculate_timeouts=True."
-            )
+        return heartbeats_config_error(
+            "FaultToleranceCallback", timeouts.initial, timeouts.subsequent,
+            client.section_timeouts.out_of_section, self.calculate_timeouts,
+        )
 
     # ------------------------------------------------------------------ heartbeats
 
@@ -90,17 +98,30 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
             client.send_heartbeat()
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Heartbeat: setup and checkpoint loading are done."""
+        """Heartbeat: setup and checkpoint loading are done (the graceful stop is installed and the
+        timeouts in force logged)."""
+        super().on_train_start(trainer, pl_module)
         self._heartbeat()
+        set_step = self._set_step
+        if set_step is not None:
+            set_step(trainer.global_step)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Heartbeat after every training batch."""
+        """Heartbeat after every training batch; the graceful stop's check."""
         client = self._client
         if client is not None:
             client.send_heartbeat()
-            self._train_iters += 1
+            self._policy.train_iters += 1
+            # The step that starts next (no on_train_batch_start hook here: it would cost a
+            # Lightning hook call per step).
+            set_step = self._set_step
+            if set_step is not None:
+                set_step(trainer.global_step)
+            stop = self._stop
+            if stop is not None and stop.step_ended(self._collectives):  # a collective at agreed steps
+                self._graceful_stop_now(trainer)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Heartbeat before validation (its first batch may take a while to load)."""
@@ -128,36 +149,15 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
         """Heartbeat at the end of training."""
         self._heartbeat()
 
-    def _after_checkpoint_save(self, trainer: pl.Trainer, client: RankMonitorClient) -> None:
-        client.send_heartbeat()
+    def _checkpoint_ended(self, client: RankMonitorClient, kind: str, ok: bool) -> None:
+        if kind == KIND_SAVE and ok:
+            self._policy.checkpoint_saved()
+            client.send_heartbeat()
 
     def _final_progress(self, client: RankMonitorClient, clean: bool) -> None:
         client.send_heartbeat()
 
     # ------------------------------------------------------------------ timeouts
 
-    def _update_timeouts(self, trainer: pl.Trainer, client: RankMonitorClient, final: bool) -> bool:
-        loaded, saved, enough_iters = all_ranks_agree([  # collective
-            self._ckpt_loaded, self._ckpt_saves > 0, self._train_iters >= MIN_ITERS_FOR_HB_TIMEOUTS,
-        ])
-        if not enough_iters:
-            self._log.info(
-                "[rank %s] heartbeat timeouts not updated: too little data (%s training "
-                "iterations in this run, need %s)", self._rank, self._train_iters,
-                MIN_ITERS_FOR_HB_TIMEOUTS,
-            )
-            return False
-        if not (loaded and saved):
-            self._log.info(
-                "[rank %s] heartbeat timeouts not updated: a run must both load and save a "
-                "checkpoint so that the intervals include them (this run: loaded=%s, saved=%s)",
-                self._rank, loaded, saved,
-            )
-            return False
-        if not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True):  # collective
-            self._log.info(
-                "[rank %s] heartbeat timeouts not updated: too few heartbeats were observed "
-                "(%s training iterations)", self._rank, self._train_iters,
-            )
-            return False
-        return True
+    def _update_timeouts(self, client: RankMonitorClient, final: bool) -> bool:
+        return update_heartbeat_timeouts(self._policy, client, self._collectives, self._log)  # collective

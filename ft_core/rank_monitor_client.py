@@ -1,6 +1,6 @@
 """``RankMonitorClient``: the per-rank handle on hang detection.
 
-Call order (seeds 000 and 003):
+Call order (as in the reference's heartbeats and sections API guides):
 
 1. ``init_workload_monitoring()`` connects to this rank's monitor (path from
    ``FT_RANK_MONITOR_IPC_SOCKET``, set by ``ft_launcher``) and receives the effective config.
@@ -12,58 +12,62 @@ Call order (seeds 000 and 003):
 6. ``shutdown_workload_monitoring()``.
 
 Hot path: a heartbeat or section call stores a timestamp into memory shared with the monitor and
-updates the local interval statistics; it makes no system call and never waits. If the monitor
-dies, those stores go nowhere and training continues (fail-open); the client notices at its next
-liveness check (at most once a second) and logs it once.
+records the event in the rank's :class:`~ft_core.timeouts_calc.TimeoutsCalc`; it makes no
+system call and never waits. If the monitor dies, those stores go nowhere and training continues
+(fail-open); the client notices at its next liveness check (at most once a second) and logs it
+once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import socket
 import struct
-import threading
 import time
 import weakref
+from collections.abc import Collection
 from typing import Any, Optional
 
-from ft_core import protocol
+from ft_core import client_state, protocol
 from ft_core.config import FaultToleranceConfig
+from ft_core.data import HeartbeatTimeouts, SectionAction, SectionTimeouts, WorkloadControlRequest
 from ft_core.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.errors import ProtocolError, RankMonitorClientError
+from ft_core.errors import ProtocolError, RankMonitorClientError, TimeoutsCalcError
+from ft_core.monitor_connection import MonitorConnection, send_to_launcher
 from ft_core.progress_slot import (
     OFF_HEARTBEAT_COUNT,
     OFF_LAST_HEARTBEAT,
     OFF_LAST_SECTION_ACTIVITY,
     OFF_OUT_OF_SECTION_SINCE,
+    OFF_STEP,
     ProgressSlot,
     section_offset,
 )
-from ft_core.timeouts import (
-    MIN_CALCULATED_INITIAL_TIMEOUT,
-    HeartbeatTimeouts,
-    SectionTimeouts,
-    TimeoutsCalc,
-    blend,
+from ft_core.ranklog import configure_rank_logging, rank_logger
+from ft_core.timeout_bounds import (
+    CalculatedMinimums,
+    InForceLog,
+    bound_heartbeat_timeouts,
+    bound_section_timeouts,
+    describe_heartbeat_timeouts,
+    describe_section_timeouts,
 )
-from ft_core.workload_control import WorkloadControlRequest
+from ft_core.timeouts_calc import TimeoutsCalc
 
-logger = logging.getLogger(__name__)
-
-CONNECT_TIMEOUT = 30.0
-REPLY_TIMEOUT = 10.0
 LIVENESS_CHECK_INTERVAL = 1.0
-STATE_DICT_VERSION = 1
 
 _pack_f64 = struct.Struct("=d").pack_into
 _pack_u64 = struct.Struct("=Q").pack_into
 _monotonic = time.monotonic
+_OPEN = SectionAction.OPEN
+_CLOSE = SectionAction.CLOSE
+_CLOSE_ALL = SectionAction.CLOSE_ALL
 
-# Clients whose socket must not leak into forked children (data-loader workers): a child
-# holding the socket open would hide the rank's death from the monitor.
+
+# Clients whose socket must not leak into forked children (data-loader workers), and whose
+# slot a child must not write to (see MonitorConnection.forget_after_fork).
 _live_clients: weakref.WeakSet[RankMonitorClient] = weakref.WeakSet()
 
 
@@ -88,17 +92,18 @@ class RankMonitorClient:
         self.cfg: FaultToleranceConfig | None = None
         self.hb_timeouts = HeartbeatTimeouts()
         self.section_timeouts = SectionTimeouts()
-        self._sock: socket.socket | None = None
+        self._conn: MonitorConnection | None = None
         self._slot: ProgressSlot | None = None
         self._mm: Any = None
+        # The observations; also the one record of which sections are open.
         self._calc: TimeoutsCalc | None = None
         self._section_offsets: dict[str, int] = {}  # byte offset in the slot, set while initialised
-        self._open_sections: dict[str, float] = {}
-        self._heartbeats = 0
-        self._loaded_state: dict[str, Any] | None = None
+        self._loaded_state: client_state.LoadedState | None = None
         self._next_liveness_check = 0.0
-        self._monitor_lost = False
-        self._lock = threading.Lock()  # serialises control-message round trips
+        self._first_use_checked = False
+        self._log = rank_logger(__name__)
+        self._minimums = CalculatedMinimums()
+        self._in_force = InForceLog(self._log, self._minimums)
         self.rank_info: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ life cycle
@@ -128,45 +133,23 @@ class RankMonitorClient:
                 "or point the variable at the socket of a running rank monitor."
             )
         self.rank_info = _rank_info_from_env()
-        sock = self._connect(path)
-        try:
-            protocol.send_message(sock, {
-                "type": protocol.MSG_INIT, "protocol": protocol.PROTOCOL_VERSION,
-                **self.rank_info,
-            })
-            reply, fds = protocol.recv_message_with_fds(sock, REPLY_TIMEOUT)
-        except (OSError, ProtocolError, TimeoutError) as err:
-            sock.close()
-            raise RankMonitorClientError(f"handshake with the rank monitor at {path} failed: {err}") from None
-        try:
-            if reply["type"] == protocol.MSG_ERROR:
-                raise RankMonitorClientError(f"rank monitor refused this rank: {reply.get('error')}")
-            if reply["type"] != protocol.MSG_INIT_OK or len(fds) != 1:
-                raise RankMonitorClientError(f"unexpected reply from the rank monitor: {reply['type']!r}")
-            self.cfg = FaultToleranceConfig.from_dict(reply["config"])
-            sections = list(reply["sections"])
-            slot = ProgressSlot.attach(fds[0], len(sections))
-        except (KeyError, TypeError, ValueError) as err:
-            sock.close()
-            raise RankMonitorClientError(f"invalid handshake reply from the rank monitor: {err}") from None
-        except BaseException:
-            sock.close()
-            raise
-        finally:
-            for fd in fds:
-                os.close(fd)
-        # Blocking mode without timeout: the liveness probe's MSG_DONTWAIT recv must be a
-        # plain system call (with a timeout set, Python would first wait for readability).
-        sock.settimeout(None)
-        self._sock = sock
-        self._slot = slot
+        self._log.set_rank(self.rank_info.get("rank"))
+        conn, handshake = MonitorConnection.open(path, self.rank_info, self._log)
+        self.cfg = handshake.config
+        # log_level applies to the rank's fault tolerance loggers as it does to the monitors'.
+        configure_rank_logging(self.cfg.log_level, "ft_core")
+        self._minimums = CalculatedMinimums.from_config(self.cfg)
+        self._in_force = InForceLog(self._log, self._minimums)
+        sections = handshake.sections
+        self._conn = conn
+        self._slot = slot = handshake.slot
         self._section_offsets = {name: section_offset(i) for i, name in enumerate(sections)}
-        self._open_sections = {}
-        self._heartbeats = 0
-        self._monitor_lost = False
         now = _monotonic()
-        self._calc = TimeoutsCalc(sections, self.cfg.safety_factor, start_time=now)
-        self._next_liveness_check = now + LIVENESS_CHECK_INTERVAL
+        self._calc = TimeoutsCalc(sections, start_time=now, safety_factor=self.cfg.safety_factor)
+        # The first heartbeat or section call checks the monitor at once, and with it how this
+        # rank reports progress (see _check_first_use).
+        self._next_liveness_check = now
+        self._first_use_checked = False
         self.hb_timeouts = HeartbeatTimeouts(
             self.cfg.initial_rank_heartbeat_timeout, self.cfg.rank_heartbeat_timeout
         )
@@ -176,10 +159,17 @@ class RankMonitorClient:
         )
         self._mm = slot.buffer
         _live_clients.add(self)
+        raised: dict[str, dict[str, float]] = {}
         if self._loaded_state is not None:
             state, self._loaded_state = self._loaded_state, None
-            self._apply_state(state)
-        logger.debug("rank %s: connected to rank monitor at %s", self.rank_info.get("rank"), path)
+            raised = self._apply_state(state, report=False)
+        self._in_force.baseline(self.hb_timeouts, self.section_timeouts)
+        self._log.rank_zero_info(
+            "%s the rank monitor at %s; heartbeat timeouts in force: %s; section timeouts in force: %s",
+            "connected to" if handshake.watched else "going on unwatched, without", path,
+            describe_heartbeat_timeouts(self.hb_timeouts, self._minimums, raised.get("heartbeat", {})),
+            describe_section_timeouts(self.section_timeouts, self._minimums, raised.get("section", {})),
+        )
 
     def shutdown_workload_monitoring(self) -> None:
         """Stop being watched and disconnect. Safe to call more than once."""
@@ -197,34 +187,18 @@ class RankMonitorClient:
             with contextlib.suppress(BufferError, ValueError):
                 self._slot.close()
             self._slot = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        self._open_sections = {}
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def _forget_after_fork(self) -> None:
         # In a forked child: close our copy of the socket, stop writing to the parent's slot.
         self._mm = None
         self._section_offsets = {}
         self._slot = None
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
-
-    @staticmethod
-    def _connect(path: str) -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(CONNECT_TIMEOUT)
-        try:
-            sock.connect(path)
-        except OSError as err:
-            sock.close()
-            raise RankMonitorClientError(
-                f"cannot connect to the rank monitor at {path}: {err.strerror or err}. Is "
-                "ft_launcher still running, and was this rank started by it?"
-            ) from None
-        return sock
+        if self._conn is not None:
+            self._conn.forget_after_fork()
+            self._conn = None
 
     # ------------------------------------------------------------------ hot path
 
@@ -238,12 +212,34 @@ class RankMonitorClient:
         if mm is None:
             raise self._not_initialized("send_heartbeat")
         now = _monotonic()
-        self._calc.on_heartbeat(now)
-        self._heartbeats += 1
+        calc = self._calc
+        calc.update_on_heartbeat(now)
         _pack_f64(mm, OFF_LAST_HEARTBEAT, now)
-        _pack_u64(mm, OFF_HEARTBEAT_COUNT, self._heartbeats)
+        _pack_u64(mm, OFF_HEARTBEAT_COUNT, calc.count)
         if now >= self._next_liveness_check:
             self._check_monitor(now)
+
+    def set_step(self, step: int) -> None:
+        """Tell the monitor which training step this rank is in. Never blocks.
+
+        An extension (the reference has no such call): one 8-byte store into the progress slot.
+        When a rank hangs, the launcher compares the steps of all ranks to name the one that
+        stopped first ("rank 1 froze in step 61; rank 0 stopped waiting for it"). The front ends
+        call it at the start of every training step.
+
+        Args:
+            step: The step about to run (an int >= 0, e.g. Lightning's ``global_step``).
+
+        Raises:
+            RankMonitorClientError: Not initialised, or ``step`` is not an int >= 0.
+        """
+        mm = self._mm
+        if mm is None:
+            raise self._not_initialized("set_step")
+        try:
+            _pack_u64(mm, OFF_STEP, step + 1)
+        except (struct.error, TypeError):
+            raise RankMonitorClientError(f"set_step needs an int step >= 0, got {step!r}") from None
 
     def start_section(self, section: str) -> None:
         """Open ``section``; it must be configured and not already open. Never blocks.
@@ -254,19 +250,19 @@ class RankMonitorClient:
         offset = self._section_offsets.get(section)  # empty unless initialised
         if offset is None:
             raise self._section_error("start_section", section)
-        open_sections = self._open_sections
-        if section in open_sections:
+        now = _monotonic()
+        calc = self._calc
+        try:
+            calc.update_on_section_event(section, _OPEN, now)
+        except TimeoutsCalcError:  # the section is known, so it is open already
             raise RankMonitorClientError(
                 f"section {section!r} is already open; call end_section({section!r}) first"
-            )
-        now = _monotonic()
+            ) from None
         mm = self._mm
-        open_sections[section] = now
         # Order matters for a concurrent reader: publish the open section before clearing
         # the out-of-section clock (see progress_slot).
         _pack_f64(mm, offset, now)
-        if len(open_sections) == 1:
-            self._calc.on_section_start(now, True)
+        if len(calc.open_sections) == 1:
             _pack_f64(mm, OFF_OUT_OF_SECTION_SINCE, 0.0)
         _pack_f64(mm, OFF_LAST_SECTION_ACTIVITY, now)
         if now >= self._next_liveness_check:
@@ -278,36 +274,51 @@ class RankMonitorClient:
         Raises:
             RankMonitorClientError: Not initialised, unknown section, or not open.
         """
-        started = self._open_sections.pop(section, None)
-        if started is None:
+        offset = self._section_offsets.get(section)
+        if offset is None:
             raise self._section_error("end_section", section)
         now = _monotonic()
+        calc = self._calc
+        try:
+            calc.update_on_section_event(section, _CLOSE, now)
+        except TimeoutsCalcError:  # the section is known, so it is not open
+            raise RankMonitorClientError(
+                f"end_section({section!r}) without a matching start_section({section!r})"
+            ) from None
         mm = self._mm
-        last_closed = not self._open_sections
-        self._calc.on_section_end(section, now - started, now, last_closed)
-        if last_closed:
+        if not calc.open_sections:
             _pack_f64(mm, OFF_OUT_OF_SECTION_SINCE, now)
-        _pack_f64(mm, self._section_offsets[section], 0.0)
+        _pack_f64(mm, offset, 0.0)
         _pack_f64(mm, OFF_LAST_SECTION_ACTIVITY, now)
 
     def _section_error(self, call: str, section: str) -> RankMonitorClientError:
         if self._mm is None:
             return self._not_initialized(call)
-        if section not in self._section_offsets:
-            return self._unknown_section(section)
-        return RankMonitorClientError(
-            f"end_section({section!r}) without a matching start_section({section!r})"
-        )
+        return self._unknown_section(section)
 
     def end_all_sections(self) -> None:
-        """Close every open section (e.g. before a checkpoint that is out of any section)."""
-        for section in list(self._open_sections):
-            self.end_section(section)
+        """Close every open section (e.g. before a checkpoint that is out of any section).
+
+        Does nothing when no section is open (or the client is not initialised).
+        """
+        calc = self._calc
+        if calc is None or not calc.open_sections or self._mm is None:
+            return
+        closed = list(calc.open_sections)
+        now = _monotonic()
+        calc.update_on_section_event(None, _CLOSE_ALL, now)
+        mm = self._mm
+        _pack_f64(mm, OFF_OUT_OF_SECTION_SINCE, now)  # before the sections close, as in end_section
+        for section in closed:
+            _pack_f64(mm, self._section_offsets[section], 0.0)
+        _pack_f64(mm, OFF_LAST_SECTION_ACTIVITY, now)
 
     @property
     def open_sections(self) -> tuple[str, ...]:
         """Names of the sections currently open."""
-        return tuple(self._open_sections)
+        if self._mm is None:  # shut down, or a forked child: nothing of ours is open
+            return ()
+        return tuple(self._calc.open_sections)
 
     def _not_initialized(self, call: str) -> RankMonitorClientError:
         return RankMonitorClientError(
@@ -327,50 +338,35 @@ class RankMonitorClient:
 
     def _check_monitor(self, now: float) -> None:
         self._next_liveness_check = now + LIVENESS_CHECK_INTERVAL
-        sock = self._sock
-        if sock is None or self._monitor_lost:
-            return
-        try:
-            data = sock.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._on_monitor_lost("the rank monitor closed the connection")
+        if not self._first_use_checked:
+            self._first_use_checked = True
+            self._check_first_use()
+        conn = self._conn
+        if conn is not None:
+            conn.check_alive()
 
-    def _on_monitor_lost(self, why: str) -> None:
-        if not self._monitor_lost:
-            self._monitor_lost = True
-            logger.error(
-                "rank %s: %s; hang detection is off for this rank, training continues",
-                self.rank_info.get("rank"), why,
-            )
+    def _check_first_use(self) -> None:
+        """Warn, once, about a rank that opens a section before any heartbeat under a finite
+        initial heartbeat timeout: sections are not heartbeats, so unless heartbeats
+        follow, the monitor stops the rank when that timeout passes. Said up front, not an hour
+        later; the front ends refuse the configuration instead (``sections_config_error``)."""
+        calc = self._calc
+        initial = self.hb_timeouts.initial
+        if calc is None or calc.count or not calc.open_sections or initial is None:
+            return
+        self._log.warning(
+            "start_section(%r) before any heartbeat while initial_rank_heartbeat_timeout is %s s: "
+            "sections are not heartbeats, so unless this rank also sends heartbeats, its monitor "
+            "will stop it %s s after it connected. For a workload that uses sections only, set "
+            "initial_rank_heartbeat_timeout and rank_heartbeat_timeout to null (e.g. "
+            "--ft-param-initial_rank_heartbeat_timeout=null --ft-param-rank_heartbeat_timeout=null)",
+            next(iter(calc.open_sections)), f"{initial:g}", f"{initial:g}",
+        )
 
     def _request(self, message: dict[str, Any], quiet: bool = False) -> bool:
-        """Send a control message and wait for the monitor's reply.
-
-        Returns:
-            True if the monitor accepted it, False if the monitor is gone (fail-open).
-
-        Raises:
-            RankMonitorClientError: The monitor rejected the request.
-        """
-        if self._monitor_lost or self._sock is None:
-            return False
-        with self._lock:
-            try:
-                protocol.send_message(self._sock, message)
-                reply = protocol.recv_message(self._sock, REPLY_TIMEOUT)
-                self._sock.settimeout(None)
-            except (OSError, ProtocolError, TimeoutError) as err:
-                if not quiet:
-                    self._on_monitor_lost(f"the rank monitor did not answer ({err})")
-                self._monitor_lost = True
-                return False
-        if reply["type"] == protocol.MSG_ERROR:
-            raise RankMonitorClientError(f"rank monitor rejected {message['type']}: {reply.get('error')}")
-        return True
+        """See :meth:`MonitorConnection.request`; False without a connection."""
+        conn = self._conn
+        return conn.request(message, quiet) if conn is not None else False
 
     # ------------------------------------------------------------------ timeouts
 
@@ -378,12 +374,15 @@ class RankMonitorClient:
         """Calculate heartbeat timeouts from observed intervals and send them to the monitor.
 
         With a ``torch.distributed`` process group this is a collective: every rank must call
-        it, and all get the same timeouts. New values are blended with earlier calculated
-        ones (EMA).
+        it, and all get the same timeouts (from the longest intervals any rank observed). New
+        values are merged with earlier calculated ones (EMA, see
+        :meth:`~ft_core.timeouts_calc.TimeoutsCalc.get_hb_timeouts`), then raised to the
+        config's ``min_calculated_initial_heartbeat_timeout`` / ``min_calculated_heartbeat_timeout``
+        (see :mod:`ft_core.timeout_bounds`). The timeouts in force are logged when they change.
 
         Args:
             skip_if_not_ready: Return False instead of raising when fewer than two heartbeats
-                were observed (on any rank).
+                were observed (on every rank).
 
         Returns:
             True if timeouts were calculated and set.
@@ -392,46 +391,43 @@ class RankMonitorClient:
             RankMonitorClientError: Not initialised, or not enough data and not skipping.
         """
         calc = self._require_calc("calculate_and_set_hb_timeouts")
-        calc.synchronize_all()
+        calc.synchronize_all()  # collective
         if not calc.can_get_hb_timeouts():
             if skip_if_not_ready:
-                logger.debug("not enough heartbeats to calculate timeouts yet; skipped")
+                self._log.debug("not enough heartbeats to calculate timeouts yet; skipped")
                 return False
             raise RankMonitorClientError(
                 "cannot calculate heartbeat timeouts yet: at least two heartbeats must be sent "
                 "after init_workload_monitoring() (pass skip_if_not_ready=True to skip)"
             )
-        initial, subsequent = calc.heartbeat_timeouts()
-        previous = self.hb_timeouts
-        new = HeartbeatTimeouts(
-            initial=blend(previous.initial, initial, previous.were_calculated, MIN_CALCULATED_INITIAL_TIMEOUT),
-            subsequent=blend(previous.subsequent, subsequent, previous.were_calculated),
-            were_calculated=True,
-        )
+        new = calc.get_hb_timeouts(current=self.hb_timeouts)
+        raised = bound_heartbeat_timeouts(new, self._minimums)
         self.hb_timeouts = new
         self._send_hb_timeouts()
-        logger.info(
-            "rank %s: calculated heartbeat timeouts initial=%.1fs subsequent=%.1fs",
-            self.rank_info.get("rank"), new.initial, new.subsequent,
-        )
+        self._in_force.heartbeats(new, raised, "calculated")
         return True
 
     def calculate_and_set_section_timeouts(
         self,
-        selected_sections: Optional[list[str]] = None,
+        selected_sections: Optional[Collection[str]] = None,
         calc_out_of_section: bool = True,
         skip_if_not_ready: bool = False,
     ) -> bool:
         """Calculate section timeouts from observed durations and send them to the monitor.
 
         A collective when a process group exists (see :meth:`calculate_and_set_hb_timeouts`);
-        every rank must pass the same arguments.
+        every rank must pass the same arguments. If no section is open, the running
+        out-of-section interval counts as if it ended now (the last one may be the longest).
+        New values are merged with the current ones (see
+        :meth:`~ft_core.timeouts_calc.TimeoutsCalc.get_section_timeouts`), then raised to the
+        config's ``min_calculated_section_timeout`` / ``min_calculated_out_of_section_timeout``
+        (see :mod:`ft_core.timeout_bounds`). The timeouts in force are logged when they change.
 
         Args:
             selected_sections: Sections to update (default: all configured).
             calc_out_of_section: Also update the out-of-section timeout.
             skip_if_not_ready: Return False instead of raising when a selected section (or
-                out-of-section time) was never observed.
+                out-of-section time) was never observed (on any rank).
 
         Returns:
             True if timeouts were calculated and set.
@@ -441,48 +437,38 @@ class RankMonitorClient:
                 skipping.
         """
         calc = self._require_calc("calculate_and_set_section_timeouts")
-        selected = sorted(self._section_offsets) if selected_sections is None else list(selected_sections)
+        if selected_sections is None:
+            selected = list(self._section_offsets)
+        elif isinstance(selected_sections, str):
+            raise RankMonitorClientError(
+                f"selected_sections must be a list of section names, got the string {selected_sections!r}"
+            )
+        else:
+            selected = list(selected_sections)
         for name in selected:
             if name not in self._section_offsets:
                 raise self._unknown_section(name)
-        calc.synchronize_all()
-        missing = calc.missing_sections(selected, calc_out_of_section)
-        if missing:
+        calc.maybe_bump_oos_time()
+        calc.synchronize_all()  # collective
+        try:
+            new = calc.get_section_timeouts(selected, calc_out_of_section, current=self.section_timeouts)
+        except TimeoutsCalcError as err:
             if skip_if_not_ready:
-                logger.debug("not enough data for section timeouts (%s); skipped", ", ".join(missing))
+                self._log.debug("section timeouts not calculated (%s); skipped", err)
                 return False
             raise RankMonitorClientError(
-                "cannot calculate section timeouts yet, never observed: " + ", ".join(missing) +
-                " (pass skip_if_not_ready=True to skip)"
-            )
-        sections, oos = calc.section_timeouts(selected, calc_out_of_section)
-        previous = self.section_timeouts
-        merged = dict(previous.section)
-        for name, value in sections.items():
-            merged[name] = blend(previous.section.get(name), value, name in previous.calculated_sections)
-        new = SectionTimeouts(
-            section=merged,
-            out_of_section=previous.out_of_section,
-            calculated_sections=sorted(set(previous.calculated_sections) | set(sections)),
-            is_out_of_section_calculated=previous.is_out_of_section_calculated,
-        )
-        if oos is not None:
-            new.out_of_section = blend(previous.out_of_section, oos, previous.is_out_of_section_calculated)
-            new.is_out_of_section_calculated = True
+                f"cannot calculate section timeouts yet: {err} (pass skip_if_not_ready=True to skip)"
+            ) from None
+        raised = bound_section_timeouts(new, self._minimums, selected, calc_out_of_section)
         self.section_timeouts = new
         self._send_section_timeouts()
-        logger.info(
-            "rank %s: calculated section timeouts %s, out-of-section=%s",
-            self.rank_info.get("rank"),
-            ", ".join(f"{k}={v:.1f}s" for k, v in sorted(sections.items())) or "-",
-            f"{new.out_of_section:.1f}s" if new.out_of_section is not None else "inf",
-        )
+        self._in_force.sections(new, raised, "calculated")
         return True
 
     def _require_calc(self, call: str) -> TimeoutsCalc:
-        if self._calc is None or not self.is_initialized:
+        if not self.is_initialized:
             raise self._not_initialized(call)
-        return self._calc
+        return self._calc  # type: ignore[return-value]  (set while initialised)
 
     def _send_hb_timeouts(self) -> None:
         self._request({
@@ -503,57 +489,52 @@ class RankMonitorClient:
 
     def state_dict(self) -> dict[str, Any]:
         """Timeouts as a JSON-serialisable dict, identical on all ranks after a calculation."""
-        return {
-            "version": STATE_DICT_VERSION,
-            "hb_timeouts": self.hb_timeouts.to_dict(),
-            "section_timeouts": self.section_timeouts.to_dict(),
-        }
+        return client_state.make_state_dict(self.hb_timeouts, self.section_timeouts)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore timeouts saved by :meth:`state_dict`, before or after init.
 
-        Only calculated timeouts are restored (configured ones come from the config). After
-        init they are sent to the monitor at once; before init, at init.
+        Only calculated timeouts are restored (configured ones come from the config), bounded
+        like freshly calculated ones (:mod:`ft_core.timeout_bounds`). After
+        init they are sent to the monitor at once; before init, at init. A state saved by the
+        reference's client (``{"current_timeouts": {"heartbeat": ..., "section": ...}}``) is
+        read too (see :mod:`ft_core.client_state`).
 
         Raises:
             RankMonitorClientError: The state has the wrong schema (the message names the key).
         """
         try:
-            if not isinstance(state, dict):
-                raise ValueError(f"state must be a dict, got {type(state).__name__}")
-            version = state.get("version", STATE_DICT_VERSION)
-            if version != STATE_DICT_VERSION:
-                raise ValueError(f"unsupported state version {version!r}")
-            hb = HeartbeatTimeouts.from_dict(state.get("hb_timeouts", {}))
-            sections = SectionTimeouts.from_dict(state.get("section_timeouts", {}))
+            loaded = client_state.parse_state_dict(state)
         except ValueError as err:
             raise RankMonitorClientError(f"invalid fault tolerance state: {err}") from None
-        parsed = {"hb": hb, "sections": sections}
         if self.is_initialized:
-            self._apply_state(parsed)
+            self._apply_state(loaded)
         else:
-            self._loaded_state = parsed
+            self._loaded_state = loaded
 
-    def _apply_state(self, parsed: dict[str, Any]) -> None:
-        hb: HeartbeatTimeouts = parsed["hb"]
-        sections: SectionTimeouts = parsed["sections"]
-        if hb.were_calculated:
+    def _apply_state(self, loaded: client_state.LoadedState, report: bool = True) -> dict[str, dict[str, float]]:
+        """Apply restored calculated timeouts, bounded like freshly calculated ones (a file may
+        come from an earlier version or a run with other minimums).
+
+        Returns:
+            ``{"heartbeat" | "section": {timeout: value before}}`` for values that were bounded.
+        """
+        raised: dict[str, dict[str, float]] = {}
+        hb = client_state.restored_hb_timeouts(loaded)
+        if hb is not None:
+            raised["heartbeat"] = bound_heartbeat_timeouts(hb, self._minimums)
             self.hb_timeouts = hb
             self._send_hb_timeouts()
-        calculated = [s for s in sections.calculated_sections if s in self._section_offsets]
-        if calculated or sections.is_out_of_section_calculated:
-            current = self.section_timeouts
-            merged = dict(current.section)
-            for name in calculated:
-                merged[name] = sections.section.get(name)
-            self.section_timeouts = SectionTimeouts(
-                section=merged,
-                out_of_section=(sections.out_of_section if sections.is_out_of_section_calculated
-                                else current.out_of_section),
-                calculated_sections=calculated,
-                is_out_of_section_calculated=sections.is_out_of_section_calculated,
-            )
+            if report:
+                self._in_force.heartbeats(hb, raised["heartbeat"], "restored")
+        sections = client_state.restored_section_timeouts(loaded, self.section_timeouts, self._section_offsets)
+        if sections is not None:
+            raised["section"] = bound_section_timeouts(sections, self._minimums)
+            self.section_timeouts = sections
             self._send_section_timeouts()
+            if report:
+                self._in_force.sections(sections, raised["section"], "restored")
+        return raised
 
     # ------------------------------------------------------------------ workload control
 
@@ -579,13 +560,7 @@ class RankMonitorClient:
             )
         sender = self.rank_info or _rank_info_from_env()
         try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(REPLY_TIMEOUT)
-                sock.connect(path)
-                protocol.send_message(sock, {
-                    "type": protocol.MSG_WORKLOAD_CONTROL, **req.to_dict(), **sender,
-                })
-                reply = protocol.recv_message(sock, REPLY_TIMEOUT)
+            reply = send_to_launcher(path, {"type": protocol.MSG_WORKLOAD_CONTROL, **req.to_dict(), **sender})
         except (OSError, ProtocolError, TimeoutError) as err:
             raise RankMonitorClientError(
                 f"could not deliver {req.action.name} to the launcher at {path}: {err}"
@@ -594,8 +569,8 @@ class RankMonitorClient:
             raise RankMonitorClientError(
                 f"the launcher rejected {req.action.name}: {reply.get('error', reply['type'])}"
             )
-        logger.info("rank %s: sent workload control request %s (%s)",
-                    self.rank_info.get("rank"), req.action.name, req.description)
+        log = self._log if self._log.rank is not None else rank_logger(__name__, sender.get("rank"))
+        log.info("sent workload control request %s (%s)", req.action.name, req.description)
 
 
 def _rank_info_from_env() -> dict[str, Any]:

@@ -1,0 +1,294 @@
+"""Coordinated graceful stop: a stop signal becomes a flag, and all ranks agree on the step to stop.
+
+SLURM warns a job before its time limit or a preemption with a signal (``--signal=B:USR1@300``,
+forwarded to every rank by ``scripts/autoresume.sh`` and ``ft_launcher``) and ends it with SIGTERM
+(SIGKILL after ``KillWait``). The reference recommends handling such signals, "synchronized across all
+ranks": a rank that stops on its own leaves the others waiting in the next
+collective, and a checkpoint written from inside a signal handler can deadlock or be torn.
+
+:class:`GracefulStop` does it in three parts:
+
+1. **A flag.** :meth:`~GracefulStop.install` (main thread only, like any Python signal handler)
+   sets a handler for each of ``signals`` (default SIGTERM and SIGUSR1) that only records the
+   signal. It is idempotent: the same stop delivered two or three times (a job-wide SLURM signal
+   reaches every process, and the launcher forwards it too) records one stop. The handler that
+   was installed before is called after it (the user's own handler keeps working), unless that
+   was a default disposition: ``SIG_DFL``, ``SIG_IGN`` or Python's ``KeyboardInterrupt`` handler.
+   In a forked child (a data-loader worker) the handler behaves as if it was never installed.
+2. **An agreement, cheaply.** The front end calls :meth:`~GracefulStop.step_ended` after every
+   training step; it counts steps. At steps every rank knows in advance it runs one small
+   collective, an all-ranks MAX of ``[signal received, -proposed interval]``: whether any rank got
+   a stop signal, and how many steps until the next check. Each rank proposes ``check_interval``
+   seconds divided by its mean step time since the last check; the smallest proposal wins. So a
+   check costs one all-reduce of two numbers (about 0.1 ms with gloo on CPU) about once per
+   ``check_interval`` (1 s by default), and a step between checks costs an increment and a
+   comparison: well under a microsecond on average.
+3. **The stop step.** The check that sees a flag returns True on every rank after the same step:
+   the stop step. The front end saves a checkpoint there, outside the signal handler, and ends
+   the run; the run exits 0 without the finished flag, so an auto-resume loop continues it from
+   that checkpoint. The stop comes at most about ``check_interval`` seconds plus one step after
+   the signal (plus an evaluation run that lies in between).
+
+:meth:`~GracefulStop.uninstall` puts back the handlers it replaced, unless someone else has
+installed another one since.
+
+Standard library only; collectives go through :class:`~ft_core.collectives.Collectives`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from ft_core.collectives import Collectives
+from ft_core.config_values import ConfigError, parse_seconds, parse_signal
+from ft_core.errors import GracefulStopExit
+from ft_core.osutil import in_main_thread
+
+__all__ = [
+    "DEFAULT_CHECK_INTERVAL", "DEFAULT_SIGNALS", "STOP_SIGNALS", "GracefulStop", "GracefulStopConfig",
+    "GracefulStopExit",
+]
+
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+"""SLURM's termination signal and the usual warning signal (``--signal=B:USR1@N``)."""
+
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                          signal.SIGUSR2, signal.SIGXCPU})
+"""The signals that may ask for a graceful stop: ones a scheduler or a user sends to end or warn a
+job. Others cannot be caught (KILL, STOP) or mean something else (CHLD, CONT, WINCH, faults)."""
+
+DEFAULT_CHECK_INTERVAL = 1.0
+"""Seconds between two agreement checks (about; a check happens after a step)."""
+
+MAX_CHECK_INTERVAL = 3600.0
+MAX_INTERVAL_STEPS = 1_000_000
+"""At most this many steps between two checks, whatever the step time."""
+
+_DEFAULT_DISPOSITIONS = (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler)
+Handler = Any  # what signal.getsignal returns
+
+
+@dataclass(frozen=True)
+class GracefulStopConfig:
+    """What a front end's ``graceful_stop`` option holds.
+
+    Attributes:
+        signals: Signals that ask for a stop (default SIGTERM and SIGUSR1); names, numbers or
+            ``signal.Signals``, each in :data:`STOP_SIGNALS`.
+        check_interval: About how many seconds apart the ranks check for a stop (> 0, <= 3600).
+        checkpoint_path: Lightning callbacks only: where the stop checkpoint goes (default
+            ``last.ckpt`` in the ``ModelCheckpoint``'s directory, which ``fit(ckpt_path="last")``
+            resumes from). A hand-written loop saves its own checkpoint.
+    """
+
+    signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
+    check_interval: float = DEFAULT_CHECK_INTERVAL
+    checkpoint_path: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        owner = "graceful_stop"
+        raw = self.signals
+        if isinstance(raw, (str, int, signal.Signals)):
+            raw = (raw,)
+        if not isinstance(raw, Iterable):
+            raise ConfigError(f"{owner}.signals must be a list of signals, got {raw!r}")
+        parsed: list[signal.Signals] = []
+        for value in raw:
+            sig = parse_signal(f"{owner}.signals", value)
+            if sig not in STOP_SIGNALS:
+                allowed = ", ".join(sorted(s.name for s in STOP_SIGNALS))
+                raise ConfigError(f"{owner}.signals: {sig.name} cannot ask for a graceful stop; use some of {allowed}")
+            if sig not in parsed:
+                parsed.append(sig)
+        if not parsed:
+            raise ConfigError(f"{owner}.signals is empty; give at least one signal, e.g. SIGTERM")
+        object.__setattr__(self, "signals", tuple(parsed))
+        interval = parse_seconds(f"{owner}.check_interval", self.check_interval, allow_none=False,
+                                 maximum=MAX_CHECK_INTERVAL)
+        object.__setattr__(self, "check_interval", interval)
+        path = self.checkpoint_path
+        if path is not None and not (isinstance(path, (str, os.PathLike)) and os.fspath(path)):
+            raise ConfigError(f"{owner}.checkpoint_path must be a path or None, got {path!r}")
+        object.__setattr__(self, "checkpoint_path", None if path is None else os.fspath(path))
+
+    @classmethod
+    def from_value(cls, value: Union[None, bool, GracefulStopConfig, Mapping[str, Any]]) -> Optional[GracefulStopConfig]:
+        """The config for a front end's ``graceful_stop`` argument: None or False (off), True
+        (defaults), a :class:`GracefulStopConfig`, or a dict of its fields.
+
+        Raises:
+            ConfigError: Anything else, or invalid fields (the message names them).
+        """
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, GracefulStopConfig):
+            return value
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - {"signals", "check_interval", "checkpoint_path"})
+            if unknown:
+                raise ConfigError(f"graceful_stop: unknown key(s) {', '.join(map(str, unknown))}; valid keys "
+                                  "are signals, check_interval, checkpoint_path")
+            return cls(**dict(value))
+        raise ConfigError(f"graceful_stop must be True, False, None, a GracefulStopConfig or a dict, got {value!r}")
+
+
+class GracefulStop:
+    """One run's graceful stop; see the module docstring.
+
+    Args:
+        config: The signals and the check interval.
+        clock: ``time.monotonic`` (tests may pass another monotonic clock).
+    """
+
+    def __init__(self, config: GracefulStopConfig, clock: Any = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self.received: Optional[signal.Signals] = None
+        """The first stop signal this process received (None: none)."""
+        self.deliveries = 0
+        """How many times a stop signal reached this process (a job-wide signal may come twice)."""
+        self.steps = 0
+        """Training steps ended in this run (counted by :meth:`step_ended`)."""
+        self.checks = 0
+        """Agreement checks (collectives) run so far."""
+        self.stop_step: Optional[int] = None
+        """The agreed stop step (a value of :attr:`steps`), the same on every rank; None before."""
+        self.stop_signal: Optional[signal.Signals] = None
+        """The signal the agreement saw (the largest number, when ranks got different ones)."""
+        self._next_check = 1  # the first check after the first step: the interval is then measured
+        self._last_check_at = clock()
+        self._last_check_step = 0
+        self._pid = os.getpid()
+        self._chain: dict[signal.Signals, Handler] = {}  # called after ours: what was there first
+        self._replaced: dict[signal.Signals, Handler] = {}  # restored by uninstall
+
+    # ------------------------------------------------------------------ signals
+
+    @property
+    def installed(self) -> bool:
+        """True while one of our handlers is the current one for a signal."""
+        return any(signal.getsignal(sig) == self._handle for sig in self._replaced)
+
+    def chain_to_current_handlers(self) -> None:
+        """Make the handlers installed now the ones ours will call, whatever is installed later.
+
+        For a front end that installs its handlers after a framework registered its own (Lightning
+        does at the start of ``fit``): the user's handlers are called, the framework's are not.
+        """
+        for sig in self.config.signals:
+            current = signal.getsignal(sig)
+            if current != self._handle:
+                self._chain[sig] = current
+
+    def install(self) -> bool:
+        """Install the handlers (again, where another handler took a signal over since).
+
+        The first handler found for a signal is the one ours calls after recording the stop;
+        the current one is what :meth:`uninstall` restores.
+
+        Returns:
+            False (and nothing is installed) off the main thread, where Python cannot set
+            signal handlers.
+        """
+        if not in_main_thread():
+            return False
+        self._pid = os.getpid()
+        for sig in self.config.signals:
+            current = signal.getsignal(sig)
+            if current == self._handle:
+                continue
+            self._chain.setdefault(sig, current)
+            self._replaced[sig] = current
+            signal.signal(sig, self._handle)
+        return True
+
+    def uninstall(self) -> None:
+        """Restore what :meth:`install` replaced, for each signal still handled by us. Main
+        thread only (elsewhere nothing happens); safe to call more than once."""
+        if not in_main_thread():
+            return
+        for sig, previous in self._replaced.items():
+            if signal.getsignal(sig) == self._handle:
+                signal.signal(sig, signal.SIG_DFL if previous is None else previous)
+        self._replaced = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        # Runs in the main thread between two bytecodes: record, call the previous handler, and
+        # nothing else (no logging, no I/O: the interrupted code may hold their locks).
+        sig = signal.Signals(signum)
+        if os.getpid() != self._pid:  # a forked child: as if we had never been installed
+            self._act_as_before(sig, frame)
+            return
+        self.deliveries += 1
+        if self.received is None:
+            self.received = sig
+        previous = self._chain.get(sig)
+        if previous not in _DEFAULT_DISPOSITIONS and callable(previous):
+            previous(signum, frame)
+
+    def _act_as_before(self, sig: signal.Signals, frame: Any) -> None:
+        previous = self._chain.get(sig, signal.SIG_DFL)
+        if previous in (None, signal.SIG_DFL):
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)  # delivered when this handler returns: the default action
+        elif previous == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_IGN)
+        elif callable(previous):
+            signal.signal(sig, previous)
+            previous(int(sig), frame)
+
+    # ------------------------------------------------------------------ agreement
+
+    def step_ended(self, collectives: Collectives) -> bool:
+        """A training step ended on this rank: True once every rank agreed to stop after it.
+
+        A collective at the agreed check steps (every rank must call this after every training
+        step, as it calls its other per-step hooks); between them it only counts.
+
+        Returns:
+            True from the stop step on (the same step on every rank).
+        """
+        self.steps += 1
+        if self.steps < self._next_check:
+            return False
+        return self._check(collectives)
+
+    def _check(self, collectives: Collectives) -> bool:
+        if self.stop_step is not None:
+            return True
+        now = self._clock()
+        steps = self.steps - self._last_check_step
+        elapsed = now - self._last_check_at
+        per_step = elapsed / steps if steps > 0 else 0.0
+        proposal = MAX_INTERVAL_STEPS if per_step <= 0 else round(min(self.config.check_interval / per_step,
+                                                                      MAX_INTERVAL_STEPS))
+        proposal = min(max(proposal, 1), MAX_INTERVAL_STEPS)
+        flag, negative_interval = collectives.all_max([float(self.received or 0), float(-proposal)])  # collective
+        self.checks += 1
+        self._last_check_at = now
+        self._last_check_step = self.steps
+        self._next_check = self.steps + max(1, int(-negative_interval))
+        if flag > 0:
+            self.stop_step = self.steps
+            self.stop_signal = signal.Signals(int(flag))
+            self._next_check = 0  # every later call reaches _check, which answers True at once
+            return True
+        return False
+
+    @property
+    def interval_steps(self) -> int:
+        """Steps from the last check to the next one (as agreed)."""
+        return self._next_check - self._last_check_step
+
+    def describe_stop(self) -> str:
+        """``"SIGUSR1 (received by this rank)"`` or ``"SIGTERM (received by another rank)"``."""
+        name = self.stop_signal.name if self.stop_signal is not None else "a stop signal"
+        whose = "this rank" if self.received is not None else "another rank"
+        return f"{name} (received by {whose})"

@@ -1,0 +1,370 @@
+"""The culprit, not the victims: which rank of a failed cycle is the root, which are collateral.
+
+When one rank freezes or dies, the others block in a collective and miss their own deadlines,
+or fail with the collective's error. Every rank involved in a failed cycle is described by a
+:class:`RankState` (what happened to it, when, and its last progress as its monitor saw it); the
+states of all nodes are compared (each node publishes its own through the rendezvous store) and
+:func:`choose_root` names one root:
+
+1. A crash (a non-zero exit or a signal the launcher did not send) observed before any hang was
+   detected is the root, with its own time: the earliest crash. A survivor whose timeout fires
+   during the grace after a crash is collateral.
+2. Otherwise, among the hung ranks, the one that stopped progressing first: a stopped process
+   (SIGSTOP) first, then the lowest step (when every hung rank announced its step with
+   ``set_step``), then a rank that is *not* waiting in a ``torch.distributed`` collective (its
+   peers are), then the earliest last progress (heartbeat or section change), then the earliest
+   detection.
+3. But when that hung rank waits in a collective and a rank that was still running when the
+   failure began (its own timeout not yet passed, e.g. a longer out-of-section timeout) is *not*
+   in a collective and made no progress since before the hung rank's last progress, that rank is
+   the root: the hung one was waiting for it ("since before" allows a skew of 1 s plus 5 % of the
+   hung rank's idle time: ranks in lockstep leave a collective a few milliseconds apart). This
+   needs both ranks' stacks; without them rule 2 stands.
+4. But when no rank crashed, no rank's process was stopped, rule 2's rank and every other rank
+   whose stack is known wait for their peers (in a collective, or innermost in autograd's
+   backward or DDP's code, where ``DistributedDataParallel`` all-reduces gradients and
+   synchronises buffers out of Python's sight; rule 3 found no rank holding them up), and one
+   or more nodes of the rendezvous group sent no view within the wait (their launchers could
+   not reach the store, or the nodes are gone: powered off, crashed, cut off by the network),
+   the root is the missing node, not a rank that reported: everyone who reported was waiting
+   for someone, and the only ranks not accounted for are the missing node's. The root is then a
+   synthetic :class:`RankState` (:func:`lost_root`: rank None, outcome :data:`LOST`, the node's
+   host name and group rank; several missing nodes: the first by group rank, the others named
+   in its cause). Without the candidate's stack rule 2 stands: nothing says it was waiting.
+
+Every other rank is collateral. Pure functions, no I/O; the texts of the launcher's failure
+line come from here too (:func:`describe_root`, :func:`waiting_for`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+HANG = "hang"
+CRASH = "crash"
+STOPPED = "stopped"
+"""Stopped by the launcher (or torch) because of the failure, or still running when it began."""
+LOST = "lost"
+"""A node of the rendezvous group that sent no view of the failure (rule 4): not a rank."""
+ROOT = "root"
+COLLATERAL = "collateral"
+
+COLLECTIVES = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+    "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
+    "gather", "gather_object", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+    "scatter_object_list", "send", "recv", "isend", "irecv", "batch_isend_irecv", "wait",
+})
+"""Function names of ``torch.distributed`` whose presence in a rank's stack means it waits for
+its peers."""
+
+
+HOLDING_UP_SKEW = 1.0
+HOLDING_UP_SKEW_FRACTION = 0.05
+"""Rule 3's allowance (seconds, and a fraction of the hung rank's idle time) for a running rank's
+last progress to come after the hung rank's and still count as "since before"."""
+
+
+@dataclass(frozen=True)
+class LostNode:
+    """A node of the rendezvous group that published no view of a failed cycle within the wait.
+
+    Attributes:
+        group_rank: Its rank in the rendezvous round.
+        host: Its host name as it published it after the rendezvous; None if it cannot be read.
+    """
+
+    group_rank: int
+    host: str | None = None
+
+    @property
+    def label(self) -> str:
+        """``node2 (group rank 1)``, or ``group rank 1 (host unknown)``."""
+        if self.host:
+            return f"{self.host} (group rank {self.group_rank})"
+        return f"group rank {self.group_rank} (host unknown)"
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank of a failed cycle, as its node saw it (JSON-safe: nodes exchange them).
+
+    Attributes:
+        rank: Global rank (None if unknown).
+        local_rank: Local rank on its node.
+        node: Host name of its node.
+        group_rank: Its node's rank in the rendezvous (tells nodes apart on one host).
+        pid: The worker's pid.
+        outcome: :data:`HANG`, :data:`CRASH` or :data:`STOPPED`.
+        cause: ``hang: ...``, ``exit code 1``, ``signal SIGKILL`` ...
+        event_at: Epoch seconds of the hang detection or the crash (None for :data:`STOPPED`).
+        progress: Its monitor's progress (as in ``rank_hang``: ``last_progress_at``, ``open_section``,
+            ``step``, ``heartbeats``, and ``section_since``, ``stopped``), or None.
+        stack_frames: Its main thread's innermost frames (``"file:line function"``), if taken.
+        stack_file: Where all its threads' stacks were written, if they were.
+        lost_nodes: For a :data:`LOST` root (rule 4): every node that sent no view, the root's
+            own first.
+    """
+
+    rank: int | None
+    local_rank: int
+    node: str
+    group_rank: int | None
+    pid: int | None
+    outcome: str
+    cause: str
+    event_at: float | None = None
+    progress: Mapping[str, Any] | None = None
+    stack_frames: Sequence[str] = field(default_factory=tuple)
+    stack_file: str | None = None
+    lost_nodes: tuple[LostNode, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["stack_frames"] = list(self.stack_frames)
+        data["progress"] = dict(self.progress) if self.progress is not None else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RankState | None:
+        """A state published by another node; None if it is not one."""
+        try:
+            frames = data.get("stack_frames") or ()
+            progress = data.get("progress")
+            return cls(
+                rank=_int_or_none(data.get("rank")), local_rank=int(data["local_rank"]), node=str(data["node"]),
+                group_rank=_int_or_none(data.get("group_rank")), pid=_int_or_none(data.get("pid")),
+                outcome=str(data["outcome"]), cause=str(data.get("cause") or ""),
+                event_at=_float_or_none(data.get("event_at")),
+                progress=dict(progress) if isinstance(progress, Mapping) else None,
+                stack_frames=tuple(str(f) for f in frames if isinstance(f, str))[:20],
+                stack_file=data.get("stack_file") if isinstance(data.get("stack_file"), str) else None,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+    def same_rank(self, other: RankState) -> bool:
+        return (self.group_rank, self.local_rank, self.node) == (other.group_rank, other.local_rank, other.node)
+
+    @property
+    def step(self) -> int | None:
+        value = (self.progress or {}).get("step")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    @property
+    def stopped(self) -> bool:
+        return bool((self.progress or {}).get("stopped"))
+
+    @property
+    def last_progress_at(self) -> float:
+        value = (self.progress or {}).get("last_progress_at")
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.inf
+
+
+def waiting_in_collective(frames: Iterable[str]) -> bool:
+    """True if a ``torch.distributed`` collective (or a wait on one) is in the frames."""
+    for frame in frames:
+        location, _, function = frame.rpartition(" ")
+        if "torch/distributed/" in location and function.rpartition(".")[2] in COLLECTIVES:
+            return True
+    return False
+
+
+PEER_WAIT_LOCATIONS = ("torch/autograd/", "torch/nn/parallel/distributed.py")
+"""Where a rank's innermost frame shows it waiting for its peers without a ``torch.distributed``
+frame: under ``DistributedDataParallel`` the gradient all-reduce runs inside autograd's backward
+(C++ hooks, invisible to Python) and buffers are synchronised inside DDP's forward."""
+
+
+def waiting_for_peers(frames: Sequence[str]) -> bool:
+    """Rule 4's test: in a collective, or innermost in autograd's backward or DDP's own code."""
+    if waiting_in_collective(frames):
+        return True
+    location = frames[0].rpartition(" ")[0] if frames else ""
+    return any(part in location for part in PEER_WAIT_LOCATIONS)
+
+
+def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
+                waited: float = 0.0) -> RankState | None:
+    """The rank that caused the failure (see the module docstring); None if none failed itself.
+
+    Args:
+        states: Every rank of the failed cycle that any node reported (this node's and the views
+            the other nodes published).
+        lost: The nodes of the rendezvous group that published no view within the wait (empty
+            when the store could not be read: then nothing is known about them).
+        waited: How long this node waited for the views (for the text of rule 4).
+
+    Returns:
+        A reported rank; for rule 4 the :func:`lost_root` of ``lost``; None if nobody failed.
+    """
+    states = list(states)
+    crashes = sorted((s for s in states if s.outcome == CRASH and s.event_at is not None),
+                     key=lambda s: (s.event_at, _rank_key(s)))
+    hangs = [s for s in states if s.outcome == HANG]
+    first_hang_at = min((s.event_at for s in hangs if s.event_at is not None), default=math.inf)
+    if crashes and crashes[0].event_at <= first_hang_at:
+        return crashes[0]
+    if hangs:
+        use_steps = all(s.step is not None for s in hangs)
+        hung = min(hangs, key=lambda s: (
+            not s.stopped,
+            s.step if use_steps else 0,
+            waiting_in_collective(s.stack_frames),
+            s.last_progress_at,
+            s.event_at if s.event_at is not None else math.inf,
+            _rank_key(s),
+        ))
+        holder = _holding_up(states, hung)
+        if holder is not None:
+            return holder
+        if lost and _everyone_waits(states, hung):
+            return lost_root(lost, waited)
+        return hung
+    if crashes:
+        return crashes[0]
+    return None
+
+
+def _holding_up(states: Sequence[RankState], hung: RankState) -> RankState | None:
+    """Rule 3: a still-running rank, outside any collective, that the hung rank waits for."""
+    if hung.stopped or not waiting_in_collective(hung.stack_frames):
+        return None
+    # Ranks in lockstep report their last progress within milliseconds of each other (the rank
+    # that left the previous collective last may even report a later one), so "since before"
+    # allows a skew: 1 s plus 5 % of how long the hung rank had been idle.
+    idle = (hung.event_at - hung.last_progress_at) if hung.event_at is not None else 0.0
+    latest = hung.last_progress_at + HOLDING_UP_SKEW + HOLDING_UP_SKEW_FRACTION * max(0.0, idle)
+    candidates = [
+        s for s in states
+        if s.outcome == STOPPED and s.stack_frames and not waiting_in_collective(s.stack_frames)
+        and math.isfinite(s.last_progress_at) and s.last_progress_at <= latest
+    ]
+    return min(candidates, key=lambda s: (not s.stopped, s.last_progress_at, _rank_key(s)), default=None)
+
+
+def _everyone_waits(states: Sequence[RankState], hung: RankState) -> bool:
+    """Rule 4's condition: no crash, no stopped process, and every rank whose stack is known
+    (rule 2's rank included, which must have one) waits for its peers (:func:`waiting_for_peers`)."""
+    if not hung.stack_frames or not waiting_for_peers(hung.stack_frames):
+        return False
+    return all(
+        s.outcome in (HANG, STOPPED) and not s.stopped
+        and (not s.stack_frames or waiting_for_peers(s.stack_frames))
+        for s in states
+    )
+
+
+def lost_root(lost: Sequence[LostNode], waited: float) -> RankState:
+    """Rule 4's root: the first missing node by group rank, the others named in its cause."""
+    nodes = tuple(sorted(lost, key=lambda n: n.group_rank))
+    first = nodes[0]
+    verb = "sent" if len(nodes) == 1 else "each sent"
+    cause = (f"{nodes_text(nodes)} {verb} no report within {waited:.1f} s: lost or cut off from the rendezvous "
+             "store; every rank that reported was waiting in a collective")
+    return RankState(rank=None, local_rank=-1, node=first.host or "", group_rank=first.group_rank, pid=None,
+                     outcome=LOST, cause=cause, lost_nodes=nodes)
+
+
+def nodes_text(nodes: Sequence[LostNode]) -> str:
+    """``node node2 (group rank 1)``, ``nodes node2 (group rank 1), node4 (group rank 3)``,
+    ``group rank 1 (host unknown)``."""
+    labels = [n.label for n in nodes]
+    if len(nodes) == 1:
+        return f"node {labels[0]}" if nodes[0].host else labels[0]
+    return "nodes " + ", ".join(labels)
+
+
+def _rank_key(state: RankState) -> tuple[int, int]:
+    return (state.rank if state.rank is not None else 1 << 30, state.local_rank)
+
+
+# ---------------------------------------------------------------------- texts
+
+
+def describe_root(root: RankState, user_frame: str | None = None, seen_at: float | None = None) -> str:
+    """What the root rank did, e.g. ``rank 1 froze in step 61 (outside any section for 3.0 s)``.
+
+    ``seen_at``: for a root that was still running (rule 3), when the hang it caused was detected.
+    A :data:`LOST` node (rule 4) is described by its cause.
+    """
+    if root.outcome == LOST:
+        return root.cause
+    who = f"rank {_rank_text(root)}"
+    step = f" in step {root.step}" if root.step is not None else ""
+    where = f" at {user_frame}" if user_frame else ""
+    if root.outcome == STOPPED:
+        what = "froze (its process was stopped)" if root.stopped else "froze"
+        idle = ""
+        if seen_at is not None and math.isfinite(root.last_progress_at):
+            idle = f" (no progress for {max(0.0, seen_at - root.last_progress_at):.1f} s"
+            idle += f", {_open_text(root)}; its own timeout had not passed yet)"
+        return f"{who} {what}{step}{idle}{where}"
+    if root.outcome == HANG:
+        what = "froze (its process was stopped)" if root.stopped else "froze"
+        return f"{who} {what}{step}{_how_long(root)}{where}"
+    if root.cause.startswith("signal "):
+        return f"{who} was killed by {root.cause[len('signal '):]}{step}{where}"
+    return f"{who} crashed ({root.cause}){step}{where}"
+
+
+def _how_long(state: RankState) -> str:
+    progress = state.progress or {}
+    if state.event_at is None:
+        return ""
+    open_section = progress.get("open_section")
+    since = progress.get("section_since")
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        elapsed = max(0.0, state.event_at - since)
+        if open_section:
+            return f" (in section {open_section!r} for {elapsed:.1f} s)"
+        return f" (outside any section for {elapsed:.1f} s)"
+    if math.isfinite(state.last_progress_at):
+        return f" (no progress for {max(0.0, state.event_at - state.last_progress_at):.1f} s)"
+    return ""
+
+
+def _open_text(state: RankState) -> str:
+    section = (state.progress or {}).get("open_section")
+    return f"in section {section!r}" if section else "outside any section"
+
+
+def collateral_text(collateral: Sequence[RankState]) -> str:
+    """``ranks 0, 2 stopped waiting for it`` (empty when there are none)."""
+    if not collateral:
+        return ""
+    ranks = sorted({_rank_text(s) for s in collateral}, key=lambda t: (len(t), t))
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {', '.join(ranks)} stopped waiting for it"
+
+
+def waiting_for(root: RankState | None, here: str, here_group: int | None) -> str:
+    """How a collateral rank's line names the root: ``rank 1``, ``rank 1 on node b`` or, for a
+    lost node (rule 4), ``node b (group rank 1), which sent no report (lost or cut off)``."""
+    if root is None:
+        return "a failure whose root is unknown"
+    if root.outcome == LOST:
+        which = "which" if len(root.lost_nodes) == 1 else "which each"
+        return f"{nodes_text(root.lost_nodes)}, {which} sent no report (lost or cut off)"
+    elsewhere = root.node != here or (root.group_rank is not None and here_group is not None
+                                      and root.group_rank != here_group)
+    if not elsewhere:
+        return f"rank {_rank_text(root)}"
+    group = f" (node rank {root.group_rank})" if root.group_rank is not None else ""
+    return f"rank {_rank_text(root)} on node {root.node}{group}"
+
+
+def _rank_text(state: RankState) -> str:
+    return "?" if state.rank is None else str(state.rank)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None

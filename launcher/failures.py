@@ -1,0 +1,294 @@
+"""Why workers failed: torch's failures, the monitors' reports and the evidence, turned into records.
+
+:func:`failure_records` is a pure function (no clock, no I/O): the agent hands it what torch
+reported, the hangs the monitors reported before signalling, the workers it stopped itself, the
+evidence it gathered (:class:`Evidence`: progress and stacks from the monitors, when it saw each
+exit, the other nodes' views) and the time; it returns one :class:`FailureRecord` per failed
+worker of this node, the root first. Which rank is the root and which are collateral is
+:mod:`launcher.culprit`'s rule, applied over every node's ranks.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ft_core.deadlines import HangKind
+from ft_core.stacks import innermost_user_frame
+from launcher import culprit
+from launcher.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
+
+KIND_HANG = "hang"
+KIND_EXIT = "exit"
+KIND_SIGNAL = "signal"
+KIND_TERMINATED = "terminated"
+"""Stopped by the launcher (or torch) because another worker failed: a consequence."""
+KIND_UNHEALTHY = "unhealthy"
+
+MAX_ERROR_CHARS = 1000
+# torch's placeholder messages when a worker left no error file: not the worker's error.
+_PLACEHOLDER_PREFIXES = ("To enable traceback", "Signal ")
+
+
+@dataclass
+class FailureRecord:
+    """Why one worker failed in one cycle.
+
+    Attributes:
+        cycle: Cycle index (0 = first start).
+        rank: Global rank (``None`` if unknown).
+        local_rank: Local rank on this node.
+        pid: Worker process id.
+        cause: Human-readable cause, e.g. ``hang: section 'step' open 12.3 s > timeout 10.0 s``,
+            ``exit code 1`` or ``signal SIGSEGV``.
+        kind: ``hang``, ``exit``, ``signal`` or ``terminated`` (stopped by us after another
+            worker failed).
+        detected_at: Wall-clock time of detection (epoch seconds).
+        detail: Extra fields (``hang_kind`` as a :class:`~ft_core.deadlines.HangKind`,
+            section, elapsed, timeout, exit code, the evidence...).
+        role: ``root`` (this rank caused the failure) or ``collateral`` (it stopped because of
+            the root, which may be on another node).
+        explanation: The sentence the launcher's line adds, e.g. ``rank 1 froze in step 61
+            (outside any section for 3.0 s); rank 0 stopped waiting for it``.
+    """
+
+    cycle: int
+    rank: int | None
+    local_rank: int
+    pid: int | None
+    cause: str
+    kind: str
+    detected_at: float
+    detail: dict[str, Any] = field(default_factory=dict)
+    role: str = ROOT
+    explanation: str = ""
+
+
+class ProcessFailureLike(Protocol):
+    """What we read of torch's ``ProcessFailure``."""
+
+    local_rank: int
+    pid: int
+    exitcode: int
+    message: Any
+
+
+@dataclass
+class Evidence:
+    """What the agent learnt about a failed cycle besides torch's failures and the hang reports.
+
+    Attributes:
+        node: This node's host name.
+        group_rank: This node's rank in the rendezvous.
+        reports: Local rank -> the monitor's ``progress_report``, taken when the
+            failure was noticed (a crashed rank's report holds its last progress and when its
+            monitor saw it disconnect, ``disconnected_at``).
+        stacks: Local rank -> the monitor's ``stacks_captured`` for ranks stopped as collateral.
+        exits_seen_at: Local rank -> epoch seconds at which the launcher saw the worker exit.
+        remote: The other nodes' :class:`~launcher.culprit.RankState` for this cycle.
+    """
+
+    node: str = ""
+    group_rank: int | None = None
+    reports: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    stacks: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    exits_seen_at: Mapping[int, float] = field(default_factory=dict)
+    remote: Sequence[RankState] = ()
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """What the exchange with the other nodes brought back (see :func:`failure_records`).
+
+    Attributes:
+        states: The other nodes' :class:`~launcher.culprit.RankState` for this cycle.
+        lost: The nodes that sent no view within the wait (empty when the store could not be
+            read: nothing is known about them then).
+        waited: How long this node waited for the views, in seconds.
+    """
+
+    states: Sequence[RankState] = ()
+    lost: Sequence[LostNode] = ()
+    waited: float = 0.0
+
+
+def failure_records(
+    failures: Mapping[int, ProcessFailureLike],
+    *,
+    local_ranks: Mapping[int, int],
+    hangs: Mapping[int, Mapping[str, Any]],
+    stopped_by_us: Collection[int],
+    cycle: int,
+    now: float,
+    evidence: Evidence | None = None,
+    exchange: Callable[[list[RankState]], Exchanged] | None = None,
+) -> list[FailureRecord]:
+    """One record per failed worker; the root first, then the collateral.
+
+    Args:
+        failures: torch's ``RunResult.failures``: global rank -> ``ProcessFailure`` (the agent
+            adds a hung worker that exited 0: a hang fails the cycle whatever the exit status).
+        local_ranks: Global rank -> local rank of this node's workers.
+        hangs: The monitors' ``rank_hang`` reports of this cycle, by local rank (their ``kind``
+            is a :class:`~ft_core.deadlines.HangKind` value; with warm
+            starts torch knows the trampoline's pid and the monitor the forked worker's, so
+            the local rank is the key both share).
+        stopped_by_us: Pids the launcher stopped because another worker had failed.
+        cycle: The cycle the failures belong to.
+        now: Detection time (epoch seconds) of failures without a better one.
+        evidence: Progress, stacks, exit times and the other nodes' views (see :class:`Evidence`).
+        exchange: Called with this node's rank states once they are known; returns the other
+            nodes' and the nodes that sent none (the agent publishes and reads them in the
+            rendezvous store).
+
+    Returns:
+        The root first (if it is on this node), then hangs, exits and signals, then workers
+        that were stopped as a consequence (``terminated``); within each, by detection time
+        and local rank.
+    """
+    evidence = evidence or Evidence()
+    # torch's own poll SIGTERMs the survivors when it sees a failure we had not peeked yet;
+    # a SIGTERM beside any other cause is that consequence, not a second root cause.
+    other_causes = any(f.exitcode != -signal.SIGTERM for f in failures.values())
+    records, states = [], []
+    for global_rank, failure in failures.items():
+        local_rank = local_ranks.get(global_rank, failure.local_rank)
+        record, state = _one(global_rank, local_rank, failure, hangs.get(local_rank),
+                             failure.pid in stopped_by_us or (failure.exitcode == -signal.SIGTERM and other_causes),
+                             cycle, now, evidence)
+        records.append(record)
+        states.append(state)
+    exchanged = exchange(states) if exchange is not None else Exchanged()
+    remote = [*evidence.remote, *exchanged.states]
+    everyone = [*states, *(s for s in remote if not any(s.same_rank(mine) for mine in states))]
+    root = culprit.choose_root(everyone, exchanged.lost, exchanged.waited)
+    collateral = [s for s in everyone if root is None or not s.same_rank(root)]
+    for record, state in zip(records, states, strict=True):
+        _explain(record, state, root, collateral, evidence)
+    records.sort(key=lambda r: (r.role != ROOT, r.kind == KIND_TERMINATED, r.kind != KIND_HANG,
+                                r.detected_at, r.local_rank))
+    return records
+
+
+def _one(global_rank: int, local_rank: int, failure: ProcessFailureLike, hang: Mapping[str, Any] | None,
+         terminated: bool, cycle: int, now: float, evidence: Evidence) -> tuple[FailureRecord, RankState]:
+    detail: dict[str, Any] = {"exit_code": failure.exitcode}
+    report = evidence.reports.get(local_rank) or {}
+    progress = report.get("progress")
+    captured: Mapping[str, Any] = evidence.stacks.get(local_rank) or {}
+    if hang is not None:
+        kind, cause, outcome = KIND_HANG, hang["cause"], culprit.HANG
+        detail.update(hang_kind=HangKind(hang["kind"]), section=hang.get("section"), elapsed=hang["elapsed"],
+                      timeout=hang["timeout"], signal=hang["signal"])
+        detected_at = hang["detected_at"]
+        progress = hang.get("progress") or progress
+        captured = hang if "stack_frames" in hang else captured
+    else:
+        if terminated:
+            kind, outcome = KIND_TERMINATED, culprit.STOPPED
+            cause = f"stopped after another worker failed ({exit_text(failure.exitcode)})"
+        elif failure.exitcode < 0:
+            kind, cause, outcome = KIND_SIGNAL, exit_text(failure.exitcode), culprit.CRASH
+        else:
+            kind, cause, outcome = KIND_EXIT, exit_text(failure.exitcode), culprit.CRASH
+        seen = [evidence.exits_seen_at.get(local_rank, now)]
+        disconnected = report.get("disconnected_at")
+        if isinstance(disconnected, (int, float)) and not isinstance(disconnected, bool):
+            # The monitor saw the rank's socket close when it exited: a precise, per-rank time
+            # (the launcher may notice two exits at once).
+            seen.append(float(disconnected))
+        detected_at = min(seen) if outcome == culprit.CRASH else now
+        error = worker_error(failure.message)
+        if error:
+            detail["error"] = error
+            if kind == KIND_EXIT:  # the exception's summary line, e.g. "ValueError: bad lr"
+                cause = f"{cause}: {error_summary(error)}"
+    frames = list(captured.get("stack_frames") or ())
+    if progress:
+        detail.update(step=progress.get("step"), open_section=progress.get("open_section"),
+                      last_progress_at=progress.get("last_progress_at"))
+    if frames or captured.get("stack_error"):
+        detail.update(stack_file=captured.get("stack_file"), stack_frames=frames,
+                      stack_error=captured.get("stack_error"), user_frame=innermost_user_frame(frames))
+    record = FailureRecord(cycle, global_rank, local_rank, failure.pid, cause, kind, detected_at, detail)
+    state = RankState(
+        rank=global_rank, local_rank=local_rank, node=evidence.node, group_rank=evidence.group_rank,
+        pid=failure.pid, outcome=outcome, cause=cause,
+        event_at=detected_at if outcome != culprit.STOPPED else None,
+        progress=progress, stack_frames=tuple(frames), stack_file=captured.get("stack_file"),
+    )
+    return record, state
+
+
+def _explain(record: FailureRecord, state: RankState, root: RankState | None, collateral: list[RankState],
+             evidence: Evidence) -> None:
+    if root is not None and state.same_rank(root):
+        record.role = ROOT
+        seen_at = None
+        if root.outcome == culprit.STOPPED:
+            # Found through another rank's timeout (rule 3 of launcher.culprit): a hang of this
+            # rank, not a consequence.
+            seen_at = min((s.event_at for s in collateral if s.outcome == culprit.HANG and s.event_at is not None),
+                          default=None)
+            record.kind = KIND_HANG
+            record.cause = "hang: no progress while the other ranks waited for it in a collective"
+            record.detail["hang_kind"] = "found through another rank's timeout"
+            if seen_at is not None:
+                record.detected_at = seen_at
+        text = culprit.describe_root(root, record.detail.get("user_frame"), seen_at)
+        others = culprit.collateral_text(collateral)
+        record.explanation = f"{text}; {others}" if others else text
+    else:
+        record.role = COLLATERAL
+        waiting = culprit.waiting_for(root, evidence.node, evidence.group_rank)
+        frames = record.detail.get("stack_frames") or []
+        user = record.detail.get("user_frame")
+        where = ""
+        if frames:
+            where = f", blocked at {frames[0]}" + (f" (called from {user})" if user and user != frames[0] else "")
+        record.explanation = f"stopped waiting for {waiting}{where}"
+        if root is not None:
+            record.detail.update(root_rank=root.rank, root_node=root.node or None, root_group_rank=root.group_rank,
+                                 root_cause=root.cause, root_outcome=root.outcome)
+        if root is not None and root.outcome == LOST:
+            # rule 4 of launcher.culprit: a node that sent no view; the others it names too
+            record.detail["lost_nodes"] = [{"group_rank": n.group_rank, "node": n.host} for n in root.lost_nodes]
+
+
+def group_unhealthy_record(cycle: int, now: float) -> FailureRecord:
+    """The record for a failed cycle in which torch named no failed worker."""
+    return FailureRecord(cycle, None, -1, None, "worker group unhealthy", KIND_UNHEALTHY, now)
+
+
+def worker_error(message: Any) -> str:
+    """The worker's own error message from torch's ``ProcessFailure.message``, or ``""``.
+
+    torch's ``@record`` stores ``{"message": ..., "extraInfo": ...}``; without an error file torch
+    fills in a placeholder, which is not the worker's error.
+    """
+    if isinstance(message, dict):
+        message = str(message.get("message", ""))
+    if not isinstance(message, str) or message.startswith(_PLACEHOLDER_PREFIXES):
+        return ""
+    return message[:MAX_ERROR_CHARS]
+
+
+MAX_SUMMARY_CHARS = 300
+
+
+def error_summary(error: str) -> str:
+    """The first non-empty line of a worker's error (``Type: message``), at most 300 characters."""
+    line = next((line.strip() for line in error.splitlines() if line.strip()), "")
+    return line if len(line) <= MAX_SUMMARY_CHARS else line[:MAX_SUMMARY_CHARS - 3] + "..."
+
+
+def exit_text(exitcode: int) -> str:
+    """``exit code N`` or ``signal SIGNAME`` for a worker's exit code (negative = signal)."""
+    if exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"

@@ -1,0 +1,528 @@
+"""``ft_report``: what happened in a run, from its event log.
+
+``ft_report RUN_DIR_OR_EVENTS [--plot timeline.png] [--json]`` reads the event log that
+``ft_launcher`` appends to (``<--log-dir>/ft_events.jsonl``, or ``ft_events.jsonl`` in the run
+directory of ``scripts/autoresume.sh``; every attempt, every node appends to it) and, in a run
+directory, autoresume's ``history.tsv``. It prints a timeline, oldest first:
+
+* each launcher run (an autoresume attempt on one node: run id, workers, restarts allowed),
+* each cycle (workers started; for a restart, how long after the failure; workers ready),
+* each failure, root cause first, then the workers stopped as a consequence (when the root was
+  a node that sent no report, lost or cut off, the cause its survivors recorded stands as the
+  root cause),
+* restarts caused by other nodes, workload control requests, each launcher's result, and
+  autoresume's decision after each attempt (resume, finished, stop);
+
+then the run's figures, computed by :mod:`launcher.goodput` as ``bench/goodput.py`` computes
+ours: goodput and the mean time to recover. The event log does not know training steps, so here
+
+* useful time = the time all workers of a cycle were up (from "workers ready": every rank
+  connected to its monitor, until the cycle ended): an upper bound, since the work since the
+  last checkpoint is redone after a failure;
+* recovered = the next cycle's workers are ready again (in the same launcher, or in the next
+  autoresume attempt); failed = the failure's detection.
+
+``--plot`` draws the same timeline with matplotlib (``pip install 'ptl-resiliency[plot]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from launcher.goodput import Recovery, run_figures
+
+EVENT_LOG_GLOB = "ft_events*.jsonl"
+HISTORY_FILE = "history.tsv"
+ROLE_ROOT = "root"
+ROLE_COLLATERAL = "collateral"
+_TERMINATED = "terminated"  # launcher.failures.KIND_TERMINATED; this module imports no torch
+_LOST = "lost"  # launcher.culprit.LOST: the root was a node that sent no view of the failure
+LOST_NODE_KIND = "lost node"
+_SAME_LOSS_S = 30.0
+"""Two nodes' records of one lost node within this many seconds of each other are one incident."""
+
+
+class ReportError(Exception):
+    """The input cannot be read; the message says what to pass instead."""
+
+
+@dataclass
+class Cycle:
+    """One start of a node's worker group."""
+
+    index: int
+    started: float
+    ready: Optional[float] = None
+    ended: Optional[float] = None
+    since_failure_s: Optional[float] = None
+    warm: Optional[bool] = None
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class LauncherRun:
+    """One ``ft_launcher`` process: its records from ``launcher_start`` to ``result``."""
+
+    node: str
+    pid: int
+    run_id: Optional[str]
+    started: float
+    attempt: Optional[int] = None
+    start_record: dict[str, Any] = field(default_factory=dict)
+    cycles: list[Cycle] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    result: Optional[dict[str, Any]] = None
+
+    @property
+    def ended(self) -> float:
+        if self.result is not None:
+            return float(self.result["ts"])
+        return max([self.started] + [float(e["ts"]) for e in self.events])
+
+
+@dataclass
+class Attempt:
+    """One line of autoresume's ``history.tsv``."""
+
+    number: int
+    start: Optional[float]
+    end: Optional[float]
+    exit_code: str
+    flag: str
+    decision: str
+
+
+@dataclass
+class Report:
+    runs: list[LauncherRun]
+    attempts: list[Attempt]
+    sources: list[str]
+    skipped_lines: int = 0
+
+
+# ---------------------------------------------------------------------- reading
+
+
+def _event_files(path: Path) -> tuple[list[Path], Optional[Path]]:
+    if path.is_dir():
+        files = sorted(path.glob(EVENT_LOG_GLOB))
+        if not files:
+            raise ReportError(f"no event log ({EVENT_LOG_GLOB}) in {path}: pass the run directory of "
+                              "autoresume.sh, the --log-dir of ft_launcher, or the --ft-event-log file")
+        history = path / HISTORY_FILE
+        return files, history if history.is_file() else None
+    if path.is_file():
+        history = path.parent / HISTORY_FILE
+        return [path], history if history.is_file() else None
+    raise ReportError(f"{path} does not exist")
+
+
+def read_events(files: Iterable[Path]) -> tuple[list[dict[str, Any]], int]:
+    """Records of every file, by time; lines that are not JSON objects are counted, not fatal."""
+    records, skipped = [], 0
+    for file in files:
+        try:
+            lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError as err:
+            raise ReportError(f"cannot read {file}: {err.strerror}") from None
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                skipped += 1
+                continue
+            if isinstance(record, dict) and "event" in record and isinstance(record.get("ts"), (int, float)):
+                records.append(record)
+            else:
+                skipped += 1
+    records.sort(key=lambda r: float(r["ts"]))
+    return records, skipped
+
+
+def _parse_time(text: str) -> Optional[float]:
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S%z").timestamp()
+    except ValueError:
+        return None
+
+
+def read_history(path: Optional[Path]) -> list[Attempt]:
+    """autoresume.sh's attempts (``history.tsv``), or none."""
+    if path is None:
+        return []
+    attempts = []
+    with open(path, encoding="utf-8", errors="replace", newline="") as stream:
+        for row in csv.DictReader(stream, delimiter="\t"):
+            if not (row.get("attempt") or "").isdigit():
+                continue
+            attempts.append(Attempt(int(row["attempt"]), _parse_time(row.get("start") or ""),
+                                    _parse_time(row.get("end") or ""), row.get("exit_code") or "-",
+                                    row.get("flag") or "-", row.get("decision") or ""))
+    return attempts
+
+
+def build_runs(records: Sequence[dict[str, Any]]) -> list[LauncherRun]:
+    """Group records by launcher (node and run id; node and pid in logs without run ids) and cycle.
+
+    A ``launcher_start`` record begins a new launcher run even when its key was seen before (a
+    fixed ``--rdzv-id`` used again). The records' ``pid`` is not the key: a few records name
+    another process in it (``warm_template_started``).
+    """
+    runs: dict[tuple[Any, Any], LauncherRun] = {}
+    order: list[LauncherRun] = []
+    for record in records:
+        key = (record.get("node"), record.get("run_id") or f"pid {record.get('pid')}")
+        run = runs.get(key)
+        if record["event"] == "launcher_start" or run is None:
+            attempt = record.get("attempt")
+            run = LauncherRun(str(record.get("node")), int(record.get("pid") or 0), record.get("run_id"),
+                              float(record["ts"]), int(attempt) if str(attempt).isdigit() else None,
+                              record if record["event"] == "launcher_start" else {})
+            runs[key] = run
+            order.append(run)
+            if record["event"] == "launcher_start":
+                continue
+        _add(run, record)
+    return order
+
+
+def _add(run: LauncherRun, record: dict[str, Any]) -> None:
+    event = record["event"]
+    run.events.append(record)
+    cycle = run.cycles[-1] if run.cycles else None
+    if event == "cycle_start":
+        if cycle is not None and cycle.ended is None:
+            cycle.ended = float(record["ts"])
+        run.cycles.append(Cycle(int(record.get("cycle", len(run.cycles))), float(record["ts"]),
+                                since_failure_s=record.get("since_failure_s"), warm=record.get("warm_start")))
+    elif event == "workers_ready" and cycle is not None and cycle.ready is None:
+        cycle.ready = float(record["ts"])
+    elif event == "failure":
+        target = next((c for c in reversed(run.cycles) if c.index == record.get("cycle")), cycle)
+        if target is not None:
+            target.failures.append(record)
+            # a cycle ends at its first failure, root or not (the root may be on another node)
+            target.ended = min(_failed_at(record), target.ended if target.ended is not None else float("inf"))
+    elif event == "result":
+        run.result = record
+        if cycle is not None and cycle.ended is None:
+            cycle.ended = float(record["ts"])
+
+
+def role(failure: dict[str, Any]) -> str:
+    """``root`` or ``collateral``: the record's ``role`` when the launcher gives one, else from
+    its cause (a worker the launcher stopped because another failed is collateral)."""
+    given = failure.get("role")
+    if given in (ROLE_ROOT, ROLE_COLLATERAL):
+        return given
+    return ROLE_COLLATERAL if failure.get("cause_kind") == _TERMINATED else ROLE_ROOT
+
+
+def lost_node(cycle: Cycle) -> Optional[dict[str, Any]]:
+    """The first record of a cycle whose root was a node that sent no report (rule 4 of
+    :mod:`launcher.culprit`); None if its root was a rank."""
+    found = [f for f in cycle.failures if f.get("root_outcome") == _LOST]
+    return min(found, key=_failed_at) if found else None
+
+
+def _failed_at(failure: dict[str, Any]) -> float:
+    value = failure.get("detected_at")
+    return float(value) if isinstance(value, (int, float)) else float(failure["ts"])
+
+
+def load(path: str | Path) -> Report:
+    """Read a run directory or an event log file.
+
+    Raises:
+        ReportError: Nothing readable there.
+    """
+    files, history = _event_files(Path(path))
+    records, skipped = read_events(files)
+    if not records:
+        raise ReportError(f"no event records in {', '.join(str(f) for f in files)}")
+    runs, attempts = build_runs(records), read_history(history)
+    for attempt in attempts:
+        # history.tsv has whole seconds: an attempt ends no earlier than its launchers did
+        ends = [run.ended for run in runs if run.attempt == attempt.number]
+        if attempt.end is not None and ends:
+            attempt.end = max(attempt.end, *ends)
+    for before, after in zip(attempts, attempts[1:], strict=False):
+        if before.end is not None and after.start is not None:
+            after.start = max(after.start, before.end)
+    return Report(runs, attempts, [str(f) for f in files], skipped)
+
+
+# ---------------------------------------------------------------------- figures
+
+
+def failure_kind(failure: dict[str, Any]) -> str:
+    """``hang (heartbeat)``, ``hang (section 'step')``, ``exit``, ``signal``...: for per-kind figures."""
+    kind = str(failure.get("cause_kind", "unknown"))
+    if kind == "hang" and failure.get("hang_kind"):
+        section = failure.get("section")
+        return f"hang ({failure['hang_kind']}{' ' + repr(section) if section else ''})"
+    return kind
+
+
+def recoveries(report: Report) -> list[Recovery]:
+    """One per cycle that ended with a root-cause failure and was followed by ready workers.
+
+    The next cycle is the same node's next cycle, or its first cycle in the next launcher run
+    (the next autoresume attempt).
+    """
+    found = []
+    by_node: dict[str, list[Cycle]] = {}
+    for run in report.runs:
+        by_node.setdefault(run.node, []).extend(run.cycles)
+    for cycles in by_node.values():
+        for cycle, following in zip(cycles, cycles[1:], strict=False):
+            roots = [f for f in cycle.failures if role(f) == ROLE_ROOT]
+            lost = lost_node(cycle)
+            if following.ready is None or not (roots or lost):
+                continue
+            first = min(roots, key=_failed_at) if roots else lost
+            kind = failure_kind(first) if roots else LOST_NODE_KIND
+            found.append(Recovery(kind, _failed_at(first), following.ready, following.started))
+    return found
+
+
+def useful_seconds(report: Report) -> float:
+    """Seconds the workers were up: each cycle from ready to its end (one node's view: the first)."""
+    node = report.runs[0].node
+    return sum(max(0.0, c.ended - c.ready) for run in report.runs if run.node == node
+               for c in run.cycles if c.ready is not None and c.ended is not None)
+
+
+def figures(report: Report) -> dict[str, Any]:
+    """Wall time, goodput (upper bound), failures, mean time to recover (see the module docstring)."""
+    started = min(r.started for r in report.runs)
+    ended = max(r.ended for r in report.runs)
+    attempt_times = [t for a in report.attempts for t in (a.start, a.end) if t is not None]
+    if attempt_times:  # autoresume's own times include starting and ending the launchers
+        started, ended = min(started, *attempt_times), max(ended, *attempt_times)
+    result = run_figures(started, ended, useful_seconds(report), recoveries(report))
+    failures = [f for run in report.runs for c in run.cycles for f in c.failures]
+    result["failures"] = sum(1 for f in failures if role(f) == ROLE_ROOT) + lost_node_incidents(report)
+    result["collateral"] = sum(1 for f in failures if role(f) == ROLE_COLLATERAL)
+    result["cycles"] = sum(len(run.cycles) for run in report.runs)
+    result["launcher_runs"] = len(report.runs)
+    result["attempts"] = len(report.attempts) or len({(r.attempt, r.run_id) for r in report.runs})
+    result["finished"] = report.attempts[-1].flag == "yes" if report.attempts else None
+    return result
+
+
+def lost_node_incidents(report: Report) -> int:
+    """Incidents whose root was a lost node: no node's log holds a root record for them, each
+    survivor's log names the node; records of the same node within :data:`_SAME_LOSS_S` count once."""
+    seen = sorted(((run.run_id, record.get("root_group_rank"), record.get("root_node")), _failed_at(record))
+                  for run in report.runs for cycle in run.cycles if (record := lost_node(cycle)) is not None)
+    count, last = 0, None
+    for key, at in seen:
+        if last is None or key != last[0] or at - last[1] > _SAME_LOSS_S:
+            count += 1
+            last = (key, at)
+    return count
+
+
+# ---------------------------------------------------------------------- text
+
+
+def _origin(report: Report) -> float:
+    """Time zero of the timeline: the first attempt's or launcher's start."""
+    return min([r.started for r in report.runs] + [a.start for a in report.attempts if a.start is not None])
+
+
+def _clock(ts: float) -> str:
+    return datetime.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _seconds(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
+def timeline_lines(report: Report) -> list[str]:
+    """The timeline as text lines, oldest first."""
+    origin = _origin(report)
+    items: list[tuple[float, int, str]] = []
+
+    def add(ts: float, text: str, order: int = 0) -> None:
+        items.append((ts, order, f"{_clock(ts)} {ts - origin:+9.2f}s  {text}"))
+
+    for attempt in report.attempts:
+        if attempt.start is not None:
+            add(attempt.start, f"== autoresume attempt {attempt.number} starts", 5)
+        if attempt.end is not None:  # after its launcher's end, before the next attempt's start
+            add(attempt.end, f"== autoresume attempt {attempt.number} ended (ft_launcher exit "
+                             f"{attempt.exit_code}, flag {attempt.flag}): {attempt.decision}", 4)
+    for run in report.runs:
+        start = run.start_record
+        where = f"[{run.node}]"
+        attempt = f", autoresume attempt {run.attempt}" if run.attempt is not None else ""
+        add(run.started, f"{where} ft_launcher started (run id {run.run_id}{attempt}; nnodes "
+                         f"{start.get('nnodes', '?')}, {start.get('nproc_per_node', '?')} worker(s) per node, "
+                         f"--max-restarts {start.get('max_restarts', '?')})", -1)
+        for cycle in run.cycles:
+            how = "warm" if cycle.warm else "cold" if cycle.warm is not None else ""
+            after = f", {cycle.since_failure_s:.2f} s after the failure" if cycle.since_failure_s else ""
+            add(cycle.started, f"{where} cycle {cycle.index}: workers started ({how}{after})".replace("()", ""))
+            if cycle.ready is not None:
+                add(cycle.ready, f"{where} cycle {cycle.index}: all workers ready "
+                                 f"({cycle.ready - cycle.started:.2f} s after their start)")
+            roots = sorted((f for f in cycle.failures if role(f) == ROLE_ROOT), key=_failed_at)
+            others = [f for f in cycle.failures if role(f) != ROLE_ROOT]
+            lost = lost_node(cycle) if not roots else None
+            if lost is not None:
+                add(_failed_at(lost), f"{where} cycle {cycle.index}: ROOT CAUSE: {lost.get('root_cause', '?')}", 1)
+                add(_failed_at(lost), f"{where} cycle {cycle.index}: decision: {lost.get('decision', '?')}", 2)
+            # root causes, the decision taken on them, then the workers stopped as a consequence
+            for number, failure in enumerate(roots + others):
+                label = "ROOT CAUSE" if role(failure) == ROLE_ROOT else "collateral"
+                add(_failed_at(failure), f"{where} cycle {cycle.index}: {label}: rank {failure.get('rank', '?')} "
+                                         f"(local rank {failure.get('local_rank', '?')}, pid {failure.get('worker_pid', '?')}): "
+                                         f"{failure.get('cause', '?')}", 1 + number + (number >= len(roots)) + 2 * (lost is not None))
+            if roots:
+                add(_failed_at(roots[0]), f"{where} cycle {cycle.index}: decision: {roots[0].get('decision', '?')}",
+                    1 + len(roots))
+        for record in run.events:
+            if record["event"] == "restart":
+                add(float(record["ts"]), f"{where} restart: {record.get('reason', '?')}")
+            elif record["event"] == "control_request":
+                source = f" from node {record['from_node']}" if record.get("from_node") else ""
+                add(float(record["ts"]), f"{where} rank {record.get('rank', '?')}{source} requested "
+                                         f"{record.get('action', '?')}: {record.get('description') or '(no reason given)'}")
+            elif record["event"] in ("monitor_died", "monitor_replaced", "leftovers_killed"):
+                add(float(record["ts"]), f"{where} {record['event'].replace('_', ' ')}")
+        if run.result is not None:
+            add(float(run.result["ts"]), f"{where} ft_launcher ended: {run.result.get('outcome')} "
+                                         f"(exit code {run.result.get('exit_code')})", 3)
+    return [text for _, _, text in sorted(items, key=lambda item: (item[0], item[1]))]
+
+
+def figure_lines(values: dict[str, Any]) -> list[str]:
+    by_kind = ", ".join(f"{kind} {_seconds(v)}" for kind, v in sorted(values["mttr_by_kind_s"].items()))
+    goodput = "-" if values["goodput"] is None else f"{values['goodput']:.3f}"
+    finished = {True: "yes (flag file present)", False: "no", None: "-"}[values["finished"]]
+    return [
+        f"wall time {values['wall_s']:.1f} s; {values['attempts']} attempt(s), {values['launcher_runs']} launcher "
+        f"run(s), {values['cycles']} cycle(s); finished: {finished}",
+        f"failures: {values['failures']} root cause(s), {values['collateral']} worker(s) stopped as a consequence",
+        f"goodput <= {goodput} (workers up {values['useful_s']:.1f} s of {values['wall_s']:.1f} s; work redone "
+        "since the last checkpoint is not in the event log)",
+        f"mean time to recover {_seconds(values['mttr_s'])} over {values['recoveries']} recover(ies) (failure "
+        f"detected -> workers ready again){'; by kind: ' + by_kind if by_kind else ''}",
+    ]
+
+
+# ---------------------------------------------------------------------- plot
+
+
+def plot(report: Report, values: dict[str, Any], path: str | Path) -> None:
+    """Draw the timeline to ``path`` (PNG, SVG or PDF by its suffix).
+
+    Raises:
+        ReportError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise ReportError("--plot needs matplotlib: pip install 'ptl-resiliency[plot]'") from None
+    origin = _origin(report)
+    nodes = sorted({r.node for r in report.runs})
+    rows = {node: index for index, node in enumerate(nodes)}
+    end = max(r.ended for r in report.runs) - origin
+    fig, ax = plt.subplots(figsize=(12, 2.2 + 0.9 * len(nodes)), dpi=110)
+    for attempt in report.attempts:
+        if attempt.start is not None:
+            x = attempt.start - origin
+            ax.axvline(x, color="0.55", linestyle="--", linewidth=1)
+            ax.text(x, len(nodes) - 0.45, f" attempt {attempt.number}", fontsize=9, color="0.3", va="bottom")
+            end = max(end, (attempt.end or attempt.start) - origin)
+    for run in report.runs:
+        y = rows[run.node]
+        for cycle in run.cycles:
+            cycle_end = (cycle.ended if cycle.ended is not None else run.ended) - origin
+            ready = (cycle.ready if cycle.ready is not None else cycle_end + origin) - origin
+            ax.barh(y, ready - (cycle.started - origin), left=cycle.started - origin, height=0.5, color="#f2c14e")
+            ax.barh(y, max(0.0, cycle_end - ready), left=ready, height=0.5, color="#4caf50")
+            ax.text(cycle.started - origin, y + 0.3, f"cycle {cycle.index}", fontsize=8, va="bottom")
+            for failure in sorted(cycle.failures, key=lambda f: role(f) == ROLE_ROOT):  # roots on top
+                root = role(failure) == ROLE_ROOT
+                x = _failed_at(failure) - origin
+                ax.plot(x, y if root else y + 0.14, marker="X" if root else "o", markersize=11 if root else 6,
+                        color="#d32f2f" if root else "#ff9800", markeredgecolor="black", linestyle="none")
+                if root:
+                    ax.text(x, y - 0.3, failure_kind(failure), fontsize=8, ha="center", va="top", color="#b71c1c",
+                            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
+        if run.result is not None:
+            ax.text(run.ended - origin, y, f"  {run.result.get('outcome')}", fontsize=8, va="center")
+    ax.set_yticks(range(len(nodes)), [f"node {n}" for n in nodes])
+    ax.set_ylim(-0.8, len(nodes) - 0.2)
+    ax.set_xlim(-0.02 * max(end, 1.0), end * 1.08 + 0.5)
+    ax.set_xlabel("seconds since the run started")
+    goodput = "-" if values["goodput"] is None else f"{values['goodput']:.2f}"
+    ax.set_title(f"{values['failures']} failure(s), {values['cycles']} cycle(s); goodput <= {goodput}, "
+                 f"mean time to recover {_seconds(values['mttr_s'])}")
+    ax.legend(handles=[Patch(color="#f2c14e", label="workers starting"), Patch(color="#4caf50", label="workers up"),
+                       Line2D([], [], marker="X", color="#d32f2f", markeredgecolor="black", linestyle="none",
+                              markersize=10, label="failure (root cause)"),
+                       Line2D([], [], marker="o", color="#ff9800", markeredgecolor="black", linestyle="none",
+                              label="stopped as a consequence")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=9, frameon=False)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------- entry point
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Console entry point of ``ft_report``: 0, or 2 when the input cannot be read."""
+    parser = argparse.ArgumentParser(
+        prog="ft_report", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+        epilog="RUN_DIR_OR_EVENTS: autoresume.sh's run directory (its ft_events.jsonl and history.tsv), "
+               "ft_launcher's --log-dir, or an --ft-event-log file.")
+    parser.add_argument("path", metavar="RUN_DIR_OR_EVENTS")
+    parser.add_argument("--plot", metavar="FILE", help="also draw the timeline to FILE (.png, .svg, .pdf)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of text")
+    args = parser.parse_args(argv)
+    try:
+        report = load(args.path)
+        values = figures(report)
+        if args.plot:
+            plot(report, values, args.plot)
+    except ReportError as err:
+        print(f"ft_report: error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(values, indent=1, sort_keys=True))
+        return 0
+    print(f"ft_report: {', '.join(report.sources)}"
+          + (f" ({report.skipped_lines} unreadable line(s) skipped)" if report.skipped_lines else ""))
+    print()
+    print("\n".join(timeline_lines(report)))
+    print()
+    print("\n".join(figure_lines(values)))
+    if args.plot:
+        print(f"timeline drawn to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""A small gloo training job for the multi-node cluster tests (tests/cluster).
+
+One process per rank under ``ft_launcher``: a tiny model trained with DDP on CPU (gloo),
+a heartbeat per step, a checkpoint every ``--save-every`` steps to a directory all nodes share,
+resume from the newest checkpoint at start. It writes a timeline the tests read, one JSON line
+per event in ``<run-dir>/timeline/<node>.jsonl`` (all "nodes" share this machine's clock):
+
+- ``pg_ready``: the process group is up and the first collective went through (after a restart:
+  "back in the process group"), with the step it resumes from;
+- ``saved``: a checkpoint was written (rank 0);
+- ``stopped``: a stop signal (SIGUSR1 or SIGTERM: a time limit's warning, a preemption) made every
+  rank agree on a step (``ft_core.graceful_stop``, the coordinated graceful stop), save and stop;
+- ``done``: the last step ran; rank 0 then creates the finished flag of ``autoresume.sh``.
+
+Faults it can play (the node faults are injected from outside, by the tests):
+``--hang-node NODE --hang-step S``: the rank of NODE stops making progress at step S, in the
+first cycle of the first attempt only. ``--fail-on-attempt A``: rank 0 exits 1 at step 10 in
+autoresume attempt A.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ft_core import RankMonitorClient
+from ft_core.atomic import atomic_write_bytes, atomic_write_text
+from ft_core.collectives import TorchDistributedCollectives
+from ft_core.graceful_stop import GracefulStop, GracefulStopConfig
+
+NODE = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run-dir", type=Path, required=True, help="shared: checkpoints and the timeline")
+    p.add_argument("--steps", type=int, default=200, help="training is complete after this many steps")
+    p.add_argument("--step-time", type=float, default=0.05, help="seconds of 'compute' per step")
+    p.add_argument("--save-every", type=int, default=10)
+    p.add_argument("--hang-node", help="the node whose rank hangs (first cycle, first attempt)")
+    p.add_argument("--hang-step", type=int, default=20)
+    p.add_argument("--fail-on-attempt", help="rank 0 exits 1 at step 10 in this autoresume attempt")
+    p.add_argument("--payload", type=int, default=1024,
+                   help="floats all-reduced per step on top of the gradients (link load)")
+    return p.parse_args()
+
+
+class Timeline:
+    def __init__(self, run_dir: Path, rank: int, cycle: int, attempt: str):
+        self.path = run_dir / "timeline" / f"{NODE}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.base = {"node": NODE, "rank": rank, "cycle": cycle, "attempt": attempt, "pid": os.getpid()}
+
+    def write(self, event: str, **fields) -> None:
+        line = json.dumps({"event": event, "t": time.time(), **self.base, **fields}) + "\n"
+        with open(self.path, "a") as f:  # one short O_APPEND write per line
+            f.write(line)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> tuple[int, dict | None]:
+    pointer = ckpt_dir / "latest"
+    if not pointer.exists():
+        return 0, None
+    name = pointer.read_text().strip()
+    state = torch.load(ckpt_dir / name, weights_only=True)
+    return int(state["step"]), state
+
+
+def main() -> int:
+    args = parse_args()
+    rank = int(os.environ["RANK"])
+    cycle = int(os.environ.get("FT_LAUNCHER_CYCLE", "0"))
+    attempt = os.environ.get("AUTORESUME_ATTEMPT", "1")
+    timeline = Timeline(args.run_dir, rank, cycle, attempt)
+    stopper = GracefulStop(GracefulStopConfig(check_interval=0.5))
+    stopper.install()
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    dist.init_process_group("gloo")
+    collectives = TorchDistributedCollectives()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt_dir = args.run_dir / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    start, state = latest_checkpoint(ckpt_dir)
+    if state is not None:
+        model.module.load_state_dict(state["model"])
+    flag = torch.zeros(1 + args.payload)
+    dist.all_reduce(flag)
+    timeline.write("pg_ready", step=start, world_size=dist.get_world_size())
+
+    def save(step: int) -> None:
+        if rank != 0:
+            return
+        name = f"step_{step:06d}.pt"
+        import io
+        buf = io.BytesIO()
+        torch.save({"step": step, "model": model.module.state_dict()}, buf)
+        atomic_write_bytes(str(ckpt_dir / name), buf.getvalue())
+        atomic_write_text(str(ckpt_dir / "latest"), name)
+        timeline.write("saved", step=step)
+
+    hang = args.hang_node == NODE and cycle == 0 and attempt == "1"
+    step = start
+    while step < args.steps:
+        client.set_step(step)
+        x = torch.randn(8, 16)
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if args.fail_on_attempt == attempt and rank == 0 and step == 10:
+            timeline.write("fail", step=step)
+            return 1
+        if hang and step == args.hang_step:  # the others wait for it in the all_reduce below
+            timeline.write("hang", step=step)
+            time.sleep(3600)
+        dist.all_reduce(flag)  # the link load
+        step += 1
+        client.send_heartbeat()
+        if stopper.step_ended(collectives):
+            save(step)
+            timeline.write("stopped", step=step, why=stopper.describe_stop())
+            dist.barrier()
+            dist.destroy_process_group()
+            client.shutdown_workload_monitoring()
+            return 0
+        if step % args.save_every == 0:
+            save(step)
+        time.sleep(args.step_time)
+    save(step)
+    timeline.write("done", step=step)
+    dist.barrier()
+    flag_file = os.environ.get("FAULT_TOL_FINISHED_FLAG_FILE")
+    if rank == 0 and flag_file:
+        atomic_write_text(flag_file, f"finished at step {step}\n")
+    dist.destroy_process_group()
+    client.shutdown_workload_monitoring()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""What happened in my run: a real job under scripts/autoresume.sh and ft_launcher, then ft_report.
+
+One run (module fixture; 2 ranks of tests/workers/report_worker.py, stdlib + ft_core): attempt 1
+has a hang in cycle 0 and a ``ValueError`` in cycle 1 (no restarts left), attempt 2 finishes.
+Nothing tells the launcher where to keep its event log: the default under autoresume.sh is
+``$AUTORESUME_RUN_DIR/ft_events.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.workers.autoresume_common import (
+    FT_LAUNCHER,
+    SCRIPT,
+    AutoresumeRun,
+    assert_no_leftovers,
+    read_history,
+)
+
+WORKER = Path(__file__).resolve().parents[1] / "workers" / "report_worker.py"
+FT_REPORT = Path(sys.executable).parent / "ft_report"
+LAUNCHER_ARGS = ("--standalone --nproc-per-node 2 --max-restarts 1 --monitor-interval 0.1 "
+                 "--ft-param-initial_rank_heartbeat_timeout 30 --ft-param-rank_heartbeat_timeout 3")
+
+
+class Job:
+    def __init__(self, run: AutoresumeRun, returncode: int, output: str) -> None:
+        self.run = run
+        self.returncode = returncode
+        self.output = output
+
+    @property
+    def events_path(self) -> Path:
+        return self.run.run_dir / "ft_events.jsonl"
+
+    def events(self) -> list[dict]:
+        return [json.loads(line) for line in self.events_path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Iterator[Job]:
+    base = tmp_path_factory.mktemp("report")
+    private_tmp = Path(tempfile.mkdtemp(prefix="rp-"))
+    run = AutoresumeRun(base, private_tmp)
+    try:
+        out = subprocess.run(
+            ["bash", str(SCRIPT), "--launcher", str(FT_LAUNCHER), "--run-dir", str(run.run_dir),
+             "--launcher-args", LAUNCHER_ARGS, "--", str(WORKER)],
+            env=run._script_env(dict(os.environ)), cwd=base, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=150, start_new_session=True)
+        yield Job(run, out.returncode, out.stdout + out.stderr)
+        assert_no_leftovers(run.token, private_tmp)
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def ft_report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(FT_REPORT), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_the_job_ran_as_planned(job):
+    assert job.returncode == 0, job.output
+    assert [row.decision.split(":")[0] for row in read_history(job.run.run_dir)] == ["continue", "finished"]
+
+
+def test_the_event_log_is_kept_in_autoresumes_run_dir_by_default(job):
+    assert job.events_path.exists(), job.output
+    assert f"event log: {job.events_path}" in job.output
+    assert f"event log = {job.events_path}  (AUTORESUME_RUN_DIR)" in job.output  # the effective config says so
+
+
+def test_every_record_carries_its_run_id_and_both_attempts_share_the_file(job):
+    events = job.events()
+    starts = [e for e in events if e["event"] == "launcher_start"]
+    assert [s["attempt"] for s in starts] == ["1", "2"]
+    assert len({s["run_id"] for s in starts}) == 2
+    assert all(e.get("run_id") for e in events)
+    for start in starts:  # each launcher's records carry its own run id, up to its summary
+        own = [e for e in events if e["run_id"] == start["run_id"]]
+        assert own[0]["event"] == "launcher_start" and own[-1]["event"] == "summary"
+
+
+def test_the_failure_line_carries_the_exceptions_last_line(job):
+    [line] = [line for line in job.output.splitlines() if "failed: exit code 1: ValueError: bad batch 7;" in line]
+    assert line.endswith("no restarts left (--max-restarts=1); stopping"), line
+    [failure] = [e for e in job.events() if e["event"] == "failure" and e["cycle"] == 1 and e["rank"] == 0]
+    assert failure["cause"] == "exit code 1: ValueError: bad batch 7"
+    assert failure["error"] == "ValueError: bad batch 7"
+
+
+def test_ft_report_tells_the_story_root_cause_first(job):
+    out = ft_report(str(job.run.run_dir))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+
+    def index(fragment: str, start: int = 0) -> int:
+        return next(i for i, line in enumerate(lines) if i >= start and fragment in line)
+
+    order = [index("autoresume attempt 1 starts")]
+    order.append(index("cycle 0: workers started", order[-1]))
+    order.append(index("cycle 0: all workers ready", order[-1]))
+    order.append(index("cycle 0: ROOT CAUSE: rank 1", order[-1]))
+    assert "hang: no heartbeat" in lines[order[-1]]
+    order.append(index("cycle 0: decision: restarting the worker group", order[-1]))
+    order.append(index("cycle 1: workers started", order[-1]))
+    order.append(index("cycle 1: ROOT CAUSE: rank 0", order[-1]))
+    assert "ValueError: bad batch 7" in lines[order[-1]]
+    order.append(index("cycle 1: collateral: rank 1", order[-1]))
+    order.append(index("ft_launcher ended: failed (exit code 1)", order[-1]))
+    order.append(index("autoresume attempt 1 ended", order[-1]))
+    assert "continue: failure 1 of at most" in lines[order[-1]]
+    order.append(index("autoresume attempt 2 starts", order[-1]))
+    order.append(index("ft_launcher ended: succeeded (exit code 0)", order[-1]))
+    assert order == sorted(order)
+    summary = "\n".join(lines[order[-1]:])
+    assert "2 attempt(s), 2 launcher run(s), 3 cycle(s); finished: yes" in summary
+    assert "failures: 2 root cause(s), 1 worker(s) stopped as a consequence" in summary
+    assert "mean time to recover" in summary and "over 2 recover(ies)" in summary
+
+
+def test_ft_report_figures_as_json(job):
+    out = ft_report(str(job.events_path), "--json")
+    assert out.returncode == 0, out.stderr
+    figures = json.loads(out.stdout)
+    assert figures["failures"] == 2 and figures["recoveries"] == 2 and figures["finished"] is True
+    assert 0 < figures["goodput"] < 1
+    assert set(figures["mttr_by_kind_s"]) == {"hang (heartbeat)", "exit"}
+    # the hang's recovery is in-job (one launcher); the crash's spans a new autoresume attempt
+    assert figures["mttr_by_kind_s"]["hang (heartbeat)"] < figures["mttr_by_kind_s"]["exit"]
+
+
+def test_ft_report_plots_the_timeline(job, tmp_path):
+    png = tmp_path / "timeline.png"
+    out = ft_report(str(job.run.run_dir), "--plot", str(png))
+    assert out.returncode == 0, out.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000  # a drawn chart, not an empty canvas
+
+
+def test_a_line_left_incomplete_is_closed_before_the_next_record(tmp_path):
+    # A launcher killed in the middle of a write leaves a partial line; the next launcher's
+    # records must still be whole lines.
+    log = tmp_path / "events.jsonl"
+    log.write_text('{"event": "failure", "ts": 1')
+    worker = Path(__file__).resolve().parents[1] / "workers" / "ft_worker.py"
+    from tests.launcher_util import run_launcher
+
+    out = run_launcher(["--standalone", "--nproc-per-node", "1", "--monitor-interval", "0.1",
+                        "--ft-event-log", str(log), str(worker), "--steps", "2"])
+    assert out.returncode == 0, out.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == '{"event": "failure", "ts": 1'
+    records = [json.loads(line) for line in lines[1:]]
+    assert records[0]["event"] == "launcher_start" and records[-1]["event"] == "summary"

@@ -1,0 +1,104 @@
+"""Don't burn allocations: a setup error no restart can fix stops the job (real ft_launcher runs).
+
+Our ``ConfigError`` in a Lightning callback or in ``ft_core.integration`` becomes a
+``ShutdownWorkload`` request: no restart although ``--max-restarts`` allows them, exit code 64
+(which autoresume.sh does not requeue), and the error's message in the launcher's failure line.
+A missing training script is a usage error (exit 2) before anything starts; autoresume.sh stops
+on it after one attempt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from tests.launcher_util import events_of, read_events, run_launcher
+from tests.workers.autoresume_common import (
+    FT_LAUNCHER,
+    SCRIPT,
+    AutoresumeRun,
+    assert_no_leftovers,
+    read_history,
+)
+
+WORKERS = Path(__file__).resolve().parents[1] / "workers"
+LIGHTNING_WORKER = WORKERS / "lightning_train.py"
+
+
+def test_a_config_error_in_a_lightning_callback_stops_the_job(tmp_path):
+    # autoresume=True without FAULT_TOL_FINISHED_FLAG_FILE: every restart would fail the same way.
+    events = tmp_path / "events.jsonl"
+    cfg = {"callback": "heartbeats", "root": str(tmp_path / "train"), "max_steps": 4, "cb": {"autoresume": True}}
+    out = run_launcher(["--standalone", "--nproc-per-node", "1", "--max-restarts", "3", "--monitor-interval", "0.1",
+                        "--ft-event-log", str(events), str(LIGHTNING_WORKER), json.dumps(cfg)], timeout=180)
+    assert out.returncode == 64, out.stderr
+    records = read_events(events)
+    assert len(events_of(records, "cycle_start")) == 1  # not restarted
+    [request] = events_of(records, "control_request")
+    assert request["action"] == "ShutdownWorkload"
+    assert request["description"].startswith("ConfigError: FaultToleranceCallback(autoresume=True) needs "
+                                             "FAULT_TOL_FINISHED_FLAG_FILE")
+    # One line says it all: the request (or, when the rank died first, its failure) with the error.
+    [line] = [line for line in out.stderr.splitlines() if line.startswith("[ft_launcher] cycle 0: rank 0")]
+    assert "ConfigError: FaultToleranceCallback(autoresume=True) needs FAULT_TOL_FINISHED_FLAG_FILE" in line, line
+    assert line.endswith("ShutdownWorkload requested: stopping all workers, no restart"), line
+
+
+INTEGRATION_SCRIPT = """
+import sys
+from ft_core.integration import FaultToleranceIntegration
+
+FaultToleranceIntegration().setup(checkpoint_dir=sys.argv[1])
+"""
+
+
+def test_a_config_error_in_the_loop_integration_stops_the_job(tmp_path):
+    # ft_launcher's default config (finite initial heartbeat timeout, no sections) cannot serve
+    # ft_core.integration, which sends no heartbeats: whichever check fails first stops the job.
+    script = tmp_path / "loop.py"
+    script.write_text(INTEGRATION_SCRIPT)
+    events = tmp_path / "events.jsonl"
+    out = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--monitor-interval", "0.1",
+                        "--ft-event-log", str(events), str(script), str(tmp_path / "ckpt")], timeout=120)
+    assert out.returncode == 64, out.stderr
+    records = read_events(events)
+    assert len(events_of(records, "cycle_start")) == 1
+    requests = events_of(records, "control_request")
+    assert requests and all(r["action"] == "ShutdownWorkload" for r in requests)
+    assert requests[0]["description"].startswith("ConfigError: ft_core.integration: "), requests[0]["description"]
+
+
+def test_autoresume_stops_after_one_attempt_on_a_missing_script(tmp_path):
+    private_tmp = Path(tempfile.mkdtemp(prefix="se-"))
+    run = AutoresumeRun(tmp_path, private_tmp)
+    try:
+        out = subprocess.run(
+            ["bash", str(SCRIPT), "--launcher", str(FT_LAUNCHER), "--run-dir", str(run.run_dir), "--max-failures",
+             "5", "--", "trian.py"],
+            env=run._script_env(dict(os.environ)), cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True,
+            text=True, timeout=120, start_new_session=True)
+        assert out.returncode == 2, out.stderr
+        [attempt] = read_history(run.run_dir)
+        assert attempt.decision.startswith("stop: ft_launcher usage error")
+        assert "ft_launcher: error: training script 'trian.py' not found" in out.stderr
+        assert_no_leftovers(run.token, private_tmp)
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def test_the_setup_error_helpers_never_raise_without_a_launcher(monkeypatch):
+    import logging
+
+    from ft_core.config import ConfigError
+    from ft_core.run_errors import record_error_for_launcher, stop_job_for_setup_error
+
+    monkeypatch.delenv("FT_LAUNCHER_IPC_SOCKET", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    log = logging.getLogger("test")
+    assert stop_job_for_setup_error(ConfigError("x"), log) is False
+    assert stop_job_for_setup_error(ValueError("x"), log) is False
+    assert record_error_for_launcher(ValueError("x"), log) is False

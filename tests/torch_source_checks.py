@@ -1,0 +1,523 @@
+"""Static checks of what the launcher relies on in torch, run on a torch source tree.
+
+``FaultTolerantAgent`` overrides private ``LocalElasticAgent`` hooks and touches a few private
+attributes, and ``launcher/launch.py`` rebuilds torch's ``launch_agent`` (which hard-codes
+``LocalElasticAgent``) from torch's own building blocks. These checks read torch's Python
+sources with :mod:`ast` only (nothing is imported), so they run against any release's sources:
+the installed torch (``tests/unit/test_torch_hooks.py``) and every supported release
+(``make check-torch-versions``, :mod:`tests.torch_versions`).
+
+:func:`run_checks` returns a list of problems, each naming what changed and where we depend on
+it; an empty list means this torch is compatible with the launcher's hooks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUR_PACKAGES = ("ft_core", "launcher", "ptl_resiliency")
+
+HOOKS = {
+    "_start_workers": ["self", "worker_group"],
+    "_stop_workers": ["self", "worker_group"],
+    "_monitor_workers": ["self", "worker_group"],
+    "_shutdown": ["self", "death_sig", "timeout"],
+    "_restart_workers": ["self", "worker_group"],
+    "_rendezvous": ["self", "worker_group"],
+    "_setup_local_watchdog": ["self", "envs"],
+}
+"""The private hooks FaultTolerantAgent overrides, with torch's parameter names."""
+
+TORCH_PRIVATE_ATTRIBUTES = {
+    "_remaining_restarts": "read for the restart count in records and decisions; set to 0 so that "
+                           "torch's loop stops instead of restarting (ShutdownWorkload, ExcludeThisNode)",
+    "_store": "read after super()._rendezvous(): the round's store, for the cross-node channel",
+}
+"""Every private torch attribute agent.py touches (besides the hooks). ``_shutdown_timeout`` is
+set only through the constructor's ``shutdown_timeout`` argument (see the checks below)."""
+
+LAUNCH_AGENT_CALLS = {
+    # what torch's launch_agent calls -> how launcher/launch.py rebuilds it
+    "uuid.uuid4": "_rendezvous_parameters: a random run id when none is given",
+    "str": "(plumbing)",
+    "int": "(plumbing)",
+    "tuple": "(plumbing)",
+    "isinstance": "(plumbing)",
+    "logger.warning": "(logging)",
+    "logger.info": "(logging)",
+    "_get_entrypoint_name": "(logging only)",
+    "RendezvousParameters": "_rendezvous_parameters",
+    "rdzv_registry.get_rendezvous_handler": "_rendezvous_handler (bounded, on a helper thread)",
+    "_get_addr_and_port": "_static_master",
+    "WorkerSpec": "worker_spec / worker_spec_kwargs",
+    "LocalElasticAgent": "FaultTolerantAgent(...)",
+    "metrics.initialize_metrics": "launch()",
+    "metrics.MetricsConfig": "launch()",
+    "agent.run": "launch()",
+    "result.is_failed": "launch(): exit code 1",
+    "spec.rdzv_handler.shutdown": "_shutdown_rendezvous (not after a signal or an exclusion)",
+    "ChildFailedError": "not rebuilt: main's @record reports the launcher's own errors; worker "
+                        "failures are in the event log and the exit code",
+    "events.record": "not rebuilt: torch's agent-level elastic events (event_log_handler); the "
+                     "agent's run() still records the worker events",
+    "agent.get_event_succeeded": "not rebuilt (see events.record)",
+    "agent.get_event_failed": "not rebuilt (see events.record)",
+    "os.getenv": "not rebuilt: the early health check server (TORCHELASTIC_HEALTH_CHECK_PORT)",
+    "justknobs_check": "not rebuilt: the early health check server",
+    "create_healthcheck_server": "not rebuilt: the early health check server",
+    "health_check_server.start": "not rebuilt: the early health check server",
+    "_AliveCallbackProxy": "not rebuilt: the early health check server",
+    "cb.set_delegate": "not rebuilt: the early health check server",
+    "alive_callback_proxy.set_delegate": "not rebuilt: the early health check server (torch 2.12)",
+    "logger.exception": "(logging: a failed rendezvous close, torch 2.15; _shutdown_rendezvous logs it too)",
+}
+"""Every call torch's ``launch_agent`` makes in any supported release (a release may make fewer)."""
+LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT = {"health_check_server": "the early health check server is not rebuilt"}
+OUR_AGENT_ARG_NAMES = {"shutdown_timeout": "term_timeout"}  # LocalElasticAgent's name -> FaultTolerantAgent's
+
+LAUNCH_CONFIG_FIELDS_READ = {
+    "role", "nproc_per_node", "max_restarts", "monitor_interval", "local_addr", "event_log_handler",
+    "numa_options", "duplicate_stdout_filters", "duplicate_stderr_filters", "virtual_local_rank",
+    "signals_to_handle", "rdzv_backend", "rdzv_endpoint", "run_id", "min_nodes", "max_nodes",
+    "rdzv_configs", "shutdown_timeout", "logs_specs", "start_method", "log_line_prefix_template",
+    "metrics_cfg",
+}
+"""The ``LaunchConfig`` attributes launcher/launch.py reads."""
+
+TORCHRUN_OPTIONS_READ = ("--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--nnodes",
+                         "--master-port", "--log-dir", "--redirects", "--tee", "--shutdown-timeout")
+"""torchrun options whose values launcher/launch.py reads from the parsed arguments."""
+
+INVOKE_RUN_FRAGMENTS = [
+    ("monitor_interval = spec.monitor_interval", "we shrink spec.monitor_interval before the loop reads it"),
+    ("time.sleep(monitor_interval)", "the loop sleeps before each _monitor_workers; we wait there instead"),
+    ("if self._remaining_restarts > 0:", "_remaining_restarts = 0 must make the loop stop"),
+    ("self._remaining_restarts -= 1", "restart counts in cycle_start records"),
+    ("self._restart_workers(self._worker_group)", "our _restart_workers hook"),
+    ("self._stop_workers(self._worker_group)", "our _stop_workers hook when no restart is left"),
+    ("num_nodes_waiting", "HEALTHY while min-healthy waits: torch still restarts for joining nodes"),
+]
+
+AGENT_API = "torch.distributed.elastic.agent.server.api"
+LOCAL_AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent"
+LAUNCHER_API = "torch.distributed.launcher.api"
+RUN = "torch.distributed.run"
+
+
+class TorchSource:
+    """Parsed modules of one torch source tree (the directory that holds ``torch/``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self._trees: dict[str, ast.Module] = {}
+
+    def path(self, module: str) -> Path:
+        base = self.root.joinpath(*module.split("."))
+        package = base / "__init__.py"
+        return package if package.exists() else base.with_suffix(".py")
+
+    def text(self, module: str) -> str:
+        return self.path(module).read_text(encoding="utf-8")
+
+    def tree(self, module: str) -> ast.Module:
+        if module not in self._trees:
+            self._trees[module] = ast.parse(self.text(module))
+        return self._trees[module]
+
+    def cls(self, module: str, name: str) -> ast.ClassDef:
+        for node in self.tree(module).body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return node
+        raise LookupError(f"{module} has no class {name}")
+
+    def function(self, module: str, name: str) -> ast.FunctionDef:
+        for node in self.tree(module).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                return node  # type: ignore[return-value]
+        raise LookupError(f"{module} has no function {name}")
+
+    def segment(self, module: str, node: ast.AST) -> str:
+        return ast.get_source_segment(self.text(module), node) or ""
+
+
+# The agent classes from the most derived up, with their modules (LocalElasticAgent's bases).
+AGENT_CHAIN = ((LOCAL_AGENT, "LocalElasticAgent"), (AGENT_API, "SimpleElasticAgent"), (AGENT_API, "ElasticAgent"))
+
+
+def _methods(cls: ast.ClassDef) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}  # type: ignore[misc]
+
+
+def agent_method(src: TorchSource, name: str) -> tuple[str, ast.FunctionDef]:
+    """The first definition of method ``name`` along LocalElasticAgent's class chain."""
+    for module, cls_name in AGENT_CHAIN:
+        method = _methods(src.cls(module, cls_name)).get(name)
+        if method is not None:
+            return module, method
+    raise LookupError(f"LocalElasticAgent has no method {name}")
+
+
+def params(func: ast.FunctionDef) -> list[str]:
+    args = func.args
+    return [a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]]
+
+
+def self_attributes_assigned(cls: ast.ClassDef) -> set[str]:
+    found = set()
+    for node in ast.walk(cls):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                found.add(target.attr)
+    return found
+
+
+def class_fields(cls: ast.ClassDef) -> set[str]:
+    """Dataclass fields (annotated class attributes) of ``cls``."""
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def torch_agent_attributes(src: TorchSource) -> set[str]:
+    names: set[str] = set()
+    for module, cls_name in AGENT_CHAIN:
+        cls = src.cls(module, cls_name)
+        names |= set(_methods(cls)) | self_attributes_assigned(cls) | class_fields(cls)
+    return names
+
+
+def calls_in(tree: ast.AST) -> dict[str, ast.Call]:
+    return {ast.unparse(node.func): node for node in ast.walk(tree) if isinstance(node, ast.Call)}
+
+
+def keywords(call: ast.Call) -> set[str]:
+    return {k.arg for k in call.keywords if k.arg is not None}
+
+
+def body_without_docstring(func: ast.FunctionDef) -> list[str]:
+    return [ast.unparse(s) for s in func.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+
+
+# ---------------------------------------------------------------------- our side (version independent)
+
+
+def _our_tree(relative: str) -> ast.Module:
+    return ast.parse((REPO / relative).read_text(encoding="utf-8"))
+
+
+def our_agent_defined() -> set[str]:
+    """Attributes FaultTolerantAgent.__init__ assigns and the methods it defines."""
+    tree = _our_tree("launcher/agent.py")
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FaultTolerantAgent")
+    init = _methods(cls)["__init__"]
+    return set(_methods(cls)) | self_attributes_assigned(ast.Module(body=[init], type_ignores=[]))  # type: ignore[arg-type]
+
+
+def our_private_uses() -> set[str]:
+    """Private ``self.`` attributes agent.py touches that FaultTolerantAgent does not define."""
+    tree = _our_tree("launcher/agent.py")
+    used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"
+            and node.attr.startswith("_") and not node.attr.startswith("__")}
+    return used - our_agent_defined() - set(HOOKS)
+
+
+def our_torch_imports() -> list[tuple[str, str, str]]:
+    """``(our file, torch module, name or "")`` for every ``from torch... import`` / ``import torch...``."""
+    found = []
+    for package in OUR_PACKAGES:
+        for path in sorted((REPO / package).glob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                where = f"{package}/{path.name}:{getattr(node, 'lineno', 0)}"
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "torch":
+                    found += [(where, node.module, alias.name) for alias in node.names]
+                elif isinstance(node, ast.Import):
+                    found += [(where, alias.name, "") for alias in node.names if alias.name.split(".")[0] == "torch"]
+    return found
+
+
+def _our_launcher_option_strings() -> set[str]:
+    tree = _our_tree("launcher/cli.py")
+    options = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument"):
+            options |= {a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                        and a.value.startswith("--")}
+    return options
+
+
+# ---------------------------------------------------------------------- the checks
+
+
+def check_hooks(src: TorchSource) -> Iterator[str]:
+    for name, expected in HOOKS.items():
+        module, method = agent_method(src, name)
+        if params(method) != expected:
+            yield f"LocalElasticAgent.{name} ({module}) now takes {params(method)}, we override it as {expected}"
+    _, shutdown = agent_method(src, "_shutdown")
+    defaults = dict(zip(reversed(params(shutdown)), reversed(shutdown.args.defaults), strict=False))
+    if "timeout" not in defaults or ast.unparse(defaults["timeout"]) != "30":
+        yield "LocalElasticAgent._shutdown's default timeout is no longer 30 s (docs: --term-timeout default)"
+
+
+def check_start_workers_hands_us_envs(src: TorchSource) -> Iterator[str]:
+    module, method = agent_method(src, "_start_workers")
+    source = src.segment(module, method)
+    if "self._setup_local_watchdog(envs=envs)" not in source:
+        yield "LocalElasticAgent._start_workers no longer calls self._setup_local_watchdog(envs=envs): " \
+              "we inject the per-rank environment there"
+    elif "start_processes(" in source and source.index("_setup_local_watchdog") > source.index("start_processes("):
+        yield "LocalElasticAgent._start_workers now starts processes before _setup_local_watchdog(envs)"
+
+
+def check_stop_workers(src: TorchSource) -> Iterator[str]:
+    _, method = agent_method(src, "_stop_workers")
+    if body_without_docstring(method) != ["self._shutdown()"]:
+        yield ("LocalElasticAgent._stop_workers now does more than self._shutdown(); "
+               "FaultTolerantAgent._stop_workers must do it too")
+
+
+def check_shutdown_timeout(src: TorchSource) -> Iterator[str]:
+    # We hand torch a fractional --term-timeout as shutdown_timeout and rely on torch using it
+    # only as _shutdown(timeout=...), which is our override.
+    uses = allowed = 0
+    for module in (AGENT_API, LOCAL_AGENT):
+        for node in ast.walk(src.tree(module)):
+            if isinstance(node, ast.Attribute) and node.attr == "_shutdown_timeout":
+                uses += 1
+            if isinstance(node, ast.Assign) and any(ast.unparse(t) == "self._shutdown_timeout" for t in node.targets):
+                if ast.unparse(node.value) != "shutdown_timeout":
+                    yield f"torch sets _shutdown_timeout from {ast.unparse(node.value)}, not the argument"
+                allowed += 1
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "self._shutdown":
+                allowed += sum(1 for k in node.keywords if ast.unparse(k.value) == "self._shutdown_timeout")
+    if not uses:
+        yield "torch no longer has _shutdown_timeout"
+    elif allowed != uses:
+        yield "torch uses _shutdown_timeout elsewhere than in __init__ and _shutdown(timeout=...)"
+    run = _methods(src.cls(AGENT_API, "SimpleElasticAgent"))["run"]
+    calls = sorted(ast.unparse(c) for c in ast.walk(run)
+                   if isinstance(c, ast.Call) and ast.unparse(c.func) == "self._shutdown")
+    if calls != sorted(["self._shutdown(e.sigval, timeout=self._shutdown_timeout)",
+                        "self._shutdown(timeout=self._shutdown_timeout)"]):
+        yield f"SimpleElasticAgent.run now calls {calls}"
+
+
+def check_invoke_run(src: TorchSource) -> Iterator[str]:
+    module, method = agent_method(src, "_invoke_run")
+    source = src.segment(module, method)
+    for fragment, why in INVOKE_RUN_FRAGMENTS:
+        if fragment not in source:
+            yield f"torch's _invoke_run changed ({fragment!r} is gone): {why}"
+    module, method = agent_method(src, "_rendezvous")
+    if "self._store = store" not in src.segment(module, method):
+        yield "torch's _rendezvous no longer sets self._store; StoreChannel.attach reads it"
+
+
+def check_private_attributes(src: TorchSource) -> Iterator[str]:
+    touched = our_private_uses()
+    if touched != set(TORCH_PRIVATE_ATTRIBUTES):
+        yield (f"agent.py touches private torch attributes {sorted(touched - set(TORCH_PRIVATE_ATTRIBUTES))} "
+               f"not listed in TORCH_PRIVATE_ATTRIBUTES (or no longer touches "
+               f"{sorted(set(TORCH_PRIVATE_ATTRIBUTES) - touched)})")
+    theirs = torch_agent_attributes(src)
+    missing = set(TORCH_PRIVATE_ATTRIBUTES) - theirs
+    if missing:
+        yield f"torch's LocalElasticAgent no longer has {sorted(missing)}"
+    clashes = (our_agent_defined() - set(HOOKS) - {"__init__"}) & theirs
+    if clashes:
+        yield f"FaultTolerantAgent's attributes {sorted(clashes)} now shadow torch's: rename ours"
+
+
+def check_data_we_read(src: TorchSource) -> Iterator[str]:
+    group = self_attributes_assigned(src.cls(AGENT_API, "WorkerGroup")) | set(_methods(src.cls(AGENT_API, "WorkerGroup")))
+    for name in ("workers", "group_rank", "group_world_size", "spec", "store"):
+        if name not in group:
+            yield f"torch's WorkerGroup has no {name!r} any more"
+    worker = self_attributes_assigned(src.cls(AGENT_API, "Worker")) | set(_methods(src.cls(AGENT_API, "Worker")))
+    for name in ("local_rank", "global_rank"):
+        if name not in worker:
+            yield f"torch's Worker has no {name!r} any more"
+    if not class_fields(src.cls(AGENT_API, "RunResult")) >= {"state", "failures"}:
+        yield "torch's RunResult lost 'state' or 'failures'"
+    failure = src.cls("torch.distributed.elastic.multiprocessing.errors", "ProcessFailure")
+    names = class_fields(failure) | self_attributes_assigned(failure)
+    for name in ("local_rank", "pid", "exitcode", "message", "error_file"):
+        if name not in names:
+            yield f"torch's ProcessFailure has no {name!r} any more"
+    signal_exc = _methods(src.cls("torch.distributed.elastic.multiprocessing.api", "SignalException"))["__init__"]
+    if "sigval" not in params(signal_exc):
+        yield "torch's SignalException no longer takes sigval"
+    exported = src.text("torch.distributed")
+    for name in ("DistStoreError", "DistNetworkError", "DistError"):  # launcher.store_channel.STORE_ERRORS
+        if name not in exported:
+            yield f"torch.distributed no longer exports {name}"
+    spec_fields = class_fields(src.cls(AGENT_API, "WorkerSpec"))
+    if "monitor_interval" not in spec_fields:
+        yield "torch's WorkerSpec has no monitor_interval any more"
+
+
+def check_environment_variables(src: TorchSource) -> Iterator[str]:
+    if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in src.text("torch.distributed.elastic.rendezvous.dynamic_rendezvous"):
+        yield "torch's c10d rendezvous no longer reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE (fresh store per round)"
+    if "TORCHELASTIC_SIGNALS_TO_HANDLE" not in src.text("torch.distributed.elastic.multiprocessing.api"):
+        yield "torch no longer reads TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def check_launch_agent(src: TorchSource) -> Iterator[str]:
+    launch_agent = src.function(LAUNCHER_API, "launch_agent")
+    theirs = calls_in(launch_agent)
+    unknown = set(theirs) - set(LAUNCH_AGENT_CALLS)
+    if unknown:
+        yield (f"torch's launch_agent now also calls {sorted(unknown)}: check launcher/launch.py, which "
+               "rebuilds it, and list the calls in LAUNCH_AGENT_CALLS")
+    source = src.segment(LAUNCHER_API, launch_agent)
+    if 'os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle' not in source:
+        yield "launch_agent no longer sets TORCHELASTIC_SIGNALS_TO_HANDLE as launcher.launch.worker_spec does"
+    if "shutdown_rdzv = False" not in source:
+        yield "launch_agent now closes the rendezvous after a signal (we keep it open for the other nodes)"
+    ours_tree = _our_tree("launcher/launch.py")
+    ours = calls_in(ours_tree)
+    if "WorkerSpec" in theirs:
+        kwargs_func = next(n for n in ours_tree.body if isinstance(n, ast.FunctionDef) and n.name == "worker_spec_kwargs")
+        our_fields = {ast.literal_eval(k) for n in ast.walk(kwargs_func) if isinstance(n, ast.Dict)
+                      for k in n.keys if k is not None}
+        their_fields = keywords(theirs["WorkerSpec"])
+        if our_fields != their_fields:
+            yield f"launch_agent's WorkerSpec fields changed: {sorted(their_fields ^ our_fields)}"
+        unknown = our_fields - class_fields(src.cls(AGENT_API, "WorkerSpec"))
+        if unknown:
+            yield f"torch's WorkerSpec has no fields {sorted(unknown)}"
+    if "LocalElasticAgent" in theirs:
+        agent_args = keywords(theirs["LocalElasticAgent"]) - set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT)
+        passed = keywords(ours["FaultTolerantAgent"]) | {"spec", "logs_specs"}  # the first two are positional
+        missing = {a for a in agent_args if OUR_AGENT_ARG_NAMES.get(a, a) not in passed}
+        if missing:
+            yield f"torch's launch_agent now gives LocalElasticAgent {sorted(missing)}; we do not"
+        init = params(_methods(src.cls(LOCAL_AGENT, "LocalElasticAgent"))["__init__"])
+        if not (agent_args | set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT)) <= set(init):
+            yield f"LocalElasticAgent.__init__ takes {init}"
+    if "RendezvousParameters" in theirs and keywords(theirs["RendezvousParameters"]) != keywords(ours["RendezvousParameters"]):
+        yield "launch_agent builds RendezvousParameters with other arguments than launcher.launch"
+    rdzv = _methods(src.cls("torch.distributed.elastic.rendezvous.api", "RendezvousParameters"))["__init__"]
+    names = set(params(rdzv)) | ({rdzv.args.kwarg.arg} if rdzv.args.kwarg else set())
+    if not names >= {"backend", "endpoint", "run_id", "min_nodes", "max_nodes", "local_addr", "kwargs"}:
+        yield f"RendezvousParameters.__init__ takes {sorted(names)}"
+
+
+def check_launch_config(src: TorchSource) -> Iterator[str]:
+    config_fields = class_fields(src.cls(LAUNCHER_API, "LaunchConfig"))
+    missing = LAUNCH_CONFIG_FIELDS_READ - config_fields
+    if missing:
+        yield f"torch's LaunchConfig no longer has {sorted(missing)}"
+
+
+def check_torchrun(src: TorchSource) -> Iterator[str]:
+    run = src.segment(RUN, src.function(RUN, "run"))
+    for fragment in ('args.rdzv_backend = "c10d"', 'args.rdzv_endpoint = "localhost:0"',
+                     "parse_min_max_nnodes(args.nnodes)", "args.master_port = 29500"):
+        if fragment not in run:
+            yield f"torchrun's run() changed ({fragment!r}); see launch._apply_torchrun_defaults"
+    parser_source = src.segment(RUN, src.function(RUN, "get_args_parser"))
+    strings = {n.value for n in ast.walk(src.function(RUN, "get_args_parser"))
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("--")}
+    for option in TORCHRUN_OPTIONS_READ:
+        if option not in strings and option.replace("-", "_").replace("__", "--", 1) not in strings:
+            yield f"torchrun has no {option} option any more (launcher.launch reads it)"
+    clashes = sorted(o for o in _our_launcher_option_strings() if o in strings)
+    if clashes:
+        yield f"torchrun now has options of ours: {clashes} (argparse would refuse to add them)"
+    if "def config_from_args" not in src.text(RUN) or "get_args_parser" not in parser_source + src.text(RUN):
+        yield "torch.distributed.run no longer has config_from_args / get_args_parser"
+
+
+def _defines(src: TorchSource, module: str, name: str) -> bool:
+    tree = src.tree(module)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and any((a.asname or a.name.split(".")[0]) == name
+                                                                   or a.name == "*" for a in node.names):
+            return True
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return True
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == name:
+            return True
+    return False
+
+
+def check_our_imports(src: TorchSource) -> Iterator[str]:
+    for where, module, name in our_torch_imports():
+        if not module.startswith("torch.distributed"):
+            continue  # only the distributed sources are kept; torch itself is checked at install
+        if not src.path(module).exists():
+            yield f"{where}: torch has no module {module}"
+            continue
+        submodule = f"{module}.{name}"
+        if name and not src.path(submodule).exists() and not _defines(src, module, name):
+            yield f"{where}: {module} no longer defines {name}"
+
+
+DYNAMIC_RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+
+
+def check_rendezvous_poll(src: TorchSource) -> Iterator[str]:
+    """launcher/rendezvous_poll.py wraps the module's ``_delay`` and shortens the one-second poll
+    of ``_DistributedRendezvousOpExecutor.run``: both must still be there."""
+    from launcher.rendezvous_poll import TORCH_POLL_SECONDS
+
+    tree = src.tree(DYNAMIC_RENDEZVOUS)
+    imported = any(isinstance(node, ast.ImportFrom) and any(a.name == "_delay" for a in node.names)
+                   for node in tree.body)
+    if not imported and not _defines(src, DYNAMIC_RENDEZVOUS, "_delay"):
+        yield f"{DYNAMIC_RENDEZVOUS} no longer has _delay (launcher/rendezvous_poll.py wraps it)"
+        return
+    run = _methods(src.cls(DYNAMIC_RENDEZVOUS, "_DistributedRendezvousOpExecutor")).get("run")
+    if run is None:
+        yield "_DistributedRendezvousOpExecutor has no run method (launcher/rendezvous_poll.py)"
+        return
+    polls = [call for call in ast.walk(run) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+             and call.func.id == "_delay"
+             and any(isinstance(k.value, ast.Constant) and k.value.value == TORCH_POLL_SECONDS for k in call.keywords)]
+    if not polls:
+        yield (f"_DistributedRendezvousOpExecutor.run no longer polls with _delay(seconds={TORCH_POLL_SECONDS}); "
+               "launcher/rendezvous_poll.py has no effect")
+    handler = src.cls(DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler")
+    if "_state_holder" not in self_attributes_assigned(handler):
+        yield "DynamicRendezvousHandler no longer keeps self._state_holder (launcher/rendezvous_poll.py)"
+    holder = src.cls(DYNAMIC_RENDEZVOUS, "_BackendRendezvousStateHolder")
+    sync = _methods(holder).get("sync")
+    if "_cache_duration" not in self_attributes_assigned(holder) or sync is None or "self._cache_duration" not in \
+            src.segment(DYNAMIC_RENDEZVOUS, sync):
+        yield ("_BackendRendezvousStateHolder no longer serves its cached state for self._cache_duration "
+               "(launcher/rendezvous_poll.py sets it)")
+
+
+CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (
+    check_hooks, check_start_workers_hands_us_envs, check_stop_workers, check_shutdown_timeout,
+    check_invoke_run, check_private_attributes, check_data_we_read, check_environment_variables,
+    check_launch_agent, check_launch_config, check_torchrun, check_our_imports, check_rendezvous_poll,
+)
+
+
+def run_checks(root: Path) -> list[str]:
+    """Every problem the launcher would have with the torch sources under ``root``.
+
+    Args:
+        root: The directory that contains the ``torch`` package's sources (at least
+            ``torch/distributed/``).
+
+    Returns:
+        One message per problem, ``"check_name: what changed"``; empty when compatible.
+    """
+    src = TorchSource(root)
+    problems = []
+    for check in CHECKS:
+        try:
+            problems += [f"{check.__name__}: {p}" for p in check(src)]
+        except (LookupError, OSError, SyntaxError, KeyError, StopIteration) as err:
+            problems.append(f"{check.__name__}: cannot check: {type(err).__name__}: {err}")
+    return problems

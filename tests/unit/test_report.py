@@ -1,0 +1,147 @@
+"""ft_report's reading and figures, and the goodput arithmetic it shares with bench/goodput.py.
+
+The timeline of real runs (event logs written by real launchers) is tested in
+tests/integration/test_report.py; here: the arithmetic, torn lines, roles, grouping.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import goodput as bench_goodput
+from launcher import report
+from launcher.goodput import Recovery, run_figures
+
+
+def test_run_figures_arithmetic():
+    figures = run_figures(100.0, 200.0, 60.0, [
+        Recovery("hang", failed_at=110.0, recovered_at=114.0, restarted_at=111.0),
+        Recovery("kill", failed_at=150.0, recovered_at=152.0, restarted_at=150.5),
+        Recovery("hang", failed_at=170.0, recovered_at=172.0),
+    ], kinds=("hang", "kill", "exit"))
+    assert figures["wall_s"] == 100.0 and figures["useful_s"] == 60.0 and figures["goodput"] == 0.6
+    assert figures["recoveries"] == 3
+    assert figures["mttr_s"] == pytest.approx((4 + 2 + 2) / 3, abs=1e-3)
+    assert figures["mttr_by_kind_s"] == {"hang": 3.0, "kill": 2.0, "exit": None}
+    assert figures["to_restart_by_kind_s"] == {"hang": 1.0, "kill": 0.5, "exit": None}  # unknown restarts left out
+
+
+def test_an_empty_run_has_no_goodput():
+    assert run_figures(5.0, 5.0, 0.0, [])["goodput"] is None
+
+
+def test_bench_goodput_uses_the_shared_computation(tmp_path):
+    # Rank 0's progress log of two processes and one fault, as bench/goodput_train.py writes them.
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    lines = ["start 1 100.0", "step 1 1 101.0", "step 1 2 102.0", "step 1 3 103.0",
+             "start 2 105.0", "step 2 3 107.0", "step 2 4 108.0", "end 2 4 108.5"]
+    (bench / "progress.log").write_text("\n".join(lines) + "\n")
+    (bench / "fault_1.json").write_text(json.dumps({"fault": 1, "kind": "kill", "step": 3, "time": 103.5}))
+    result = bench_goodput.analyse(tmp_path, started=99.0, ended=109.0, max_steps=4)
+    # steps 1..4, last completions: 1,2 by pid 1 (1 s each; the first at the median), 3,4 by pid 2
+    assert result["useful_step_s"] == 4.0 and result["wall_s"] == 10.0 and result["goodput"] == 0.4
+    assert result["mttr_s"] == 3.5  # 103.5 -> 107.0
+    assert result["mttr_by_kind_s"] == {"hang": None, "kill": 3.5}
+    assert result["fault_to_process_started_by_kind_s"] == {"hang": None, "kill": 1.5}
+
+
+def record(event: str, ts: float, **fields) -> dict:
+    return {"event": event, "ts": ts, "node": "n1", "pid": 10, "run_id": "r1", **fields}
+
+
+def write_log(path: Path, records: list[dict], extra_lines: tuple[str, ...] = ()) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + "".join(extra_lines))
+
+
+RUN = [
+    record("launcher_start", 0.0, nnodes="1:1", nproc_per_node=2, max_restarts=3),
+    record("cycle_start", 1.0, cycle=0, warm_start=False),
+    record("workers_ready", 2.0, cycle=0),
+    record("warm_template_started", 2.5, cycle=0, pid=99),  # another process's pid in "pid"
+    record("failure", 10.0, cycle=0, rank=1, local_rank=1, worker_pid=21, cause="hang: ...", cause_kind="hang",
+           hang_kind="heartbeat", detected_at=10.0, decision="restarting the worker group (restart 1/3)"),
+    record("failure", 10.1, cycle=0, rank=0, local_rank=0, worker_pid=20, cause="stopped after another worker failed",
+           cause_kind="terminated", detected_at=10.1, decision="stopped by the launcher"),
+    record("cycle_start", 10.5, cycle=1, since_failure_s=0.5, warm_start=True),
+    record("workers_ready", 11.0, cycle=1),
+    record("result", 20.0, outcome="succeeded", exit_code=0, cycles=2),
+]
+
+
+def test_timeline_and_figures_of_one_launcher(tmp_path):
+    write_log(tmp_path / "ft_events.jsonl", RUN)
+    loaded = report.load(tmp_path)
+    assert len(loaded.runs) == 1 and [c.index for c in loaded.runs[0].cycles] == [0, 1]
+    figures = report.figures(loaded)
+    assert figures["failures"] == 1 and figures["collateral"] == 1 and figures["cycles"] == 2
+    assert figures["useful_s"] == 17.0  # (10 - 2) + (20 - 11)
+    assert figures["mttr_s"] == 1.0 and figures["mttr_by_kind_s"] == {"hang (heartbeat)": 1.0}
+    lines = report.timeline_lines(loaded)
+    root = next(i for i, line in enumerate(lines) if "ROOT CAUSE" in line)
+    assert "rank 1" in lines[root] and "decision: restarting" in lines[root + 1]
+    assert "collateral: rank 0" in lines[root + 2]
+
+
+def test_the_role_field_wins_when_the_launcher_gives_it(tmp_path):
+    records = [dict(r) for r in RUN]
+    records[4]["role"] = "collateral"  # the launcher says rank 1's hang was a consequence
+    records[5]["role"] = "root"
+    write_log(tmp_path / "ft_events.jsonl", records)
+    lines = report.timeline_lines(report.load(tmp_path))
+    assert "ROOT CAUSE: rank 0" in "\n".join(lines) and "collateral: rank 1" in "\n".join(lines)
+
+
+def test_torn_and_foreign_lines_are_skipped_and_counted(tmp_path):
+    path = tmp_path / "events.jsonl"
+    write_log(path, RUN[:3], extra_lines=('{"event": "failure", "ts": 5', "\n", "[1, 2]\n", "not json\n"))
+    with open(path, "a") as stream:
+        stream.write(json.dumps(RUN[-1]) + "\n")
+    loaded = report.load(path)
+    assert loaded.skipped_lines == 3
+    assert loaded.runs[0].result is not None
+
+
+def test_nothing_to_read_is_a_clear_error(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert "no event log (ft_events*.jsonl) in" in capsys.readouterr().err
+    assert report.main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def lost_node_run(node: str, pid: int, detected: float) -> list[dict]:
+    """A survivor's log: its rank stopped waiting for node2, which sent no report."""
+    cause = ("node node2 (group rank 1) sent no report within 2.0 s: lost or cut off from the rendezvous store; "
+             "every rank that reported was waiting in a collective")
+    records = [
+        record("launcher_start", 0.0, nnodes="2:3", nproc_per_node=1, max_restarts=3),
+        record("cycle_start", 1.0, cycle=0, warm_start=False),
+        record("workers_ready", 2.0, cycle=0),
+        record("failure", detected + 2.5, cycle=0, rank=0, local_rank=0, worker_pid=20, cause="hang: no heartbeat",
+               cause_kind="hang", hang_kind="heartbeat", detected_at=detected, role="collateral",
+               root_rank=None, root_node="node2", root_group_rank=1, root_outcome="lost", root_cause=cause,
+               decision="restarting the worker group (restart 1/3)"),
+        record("cycle_start", detected + 6.0, cycle=1, since_failure_s=6.0, warm_start=True),
+        record("workers_ready", detected + 8.0, cycle=1),
+        record("result", 40.0, outcome="succeeded", exit_code=0, cycles=2),
+    ]
+    for r in records:
+        r.update(node=node, pid=pid)
+    return records
+
+
+def test_a_lost_node_is_the_root_cause_of_the_survivors_cycle_and_one_incident(tmp_path):
+    write_log(tmp_path / "ft_events_node1.jsonl", lost_node_run("node1", 10, 10.0))
+    write_log(tmp_path / "ft_events_node3.jsonl", lost_node_run("node3", 30, 10.2))
+    loaded = report.load(tmp_path)
+    lines = "\n".join(report.timeline_lines(loaded))
+    assert "[node1] cycle 0: ROOT CAUSE: node node2 (group rank 1) sent no report within 2.0 s" in lines
+    assert "[node3] cycle 0: decision: restarting the worker group" in lines
+    assert "[node1] cycle 0: collateral: rank 0" in lines
+    figures = report.figures(loaded)
+    assert figures["failures"] == 1 and figures["collateral"] == 2  # one incident seen by two nodes
+    assert figures["mttr_by_kind_s"] == {"lost node": 8.0}
+    assert figures["useful_s"] == 8.0 + 40.0 - 18.0  # the first node's cycles: 2 -> 10, 18 -> 40

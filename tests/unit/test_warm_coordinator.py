@@ -1,0 +1,97 @@
+"""WarmCoordinator with a real warm template (no preloads, so it is ready at once): when it starts
+the template, how it notices readiness and death, and the records it writes."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import time
+
+import pytest
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+
+from ft_core.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
+from launcher.events import EventLog
+from launcher.warm import TRAMPOLINE, WarmCoordinator, WarmTemplate
+
+
+def kinds(events: EventLog) -> list[str]:
+    return [r["event"] for r in events.records]
+
+
+@pytest.fixture
+def coordinator(run_dir):
+    events = EventLog(None, node="n", stream=io.StringIO())
+    coordinator = WarmCoordinator(WarmTemplate(os.path.join(run_dir, "warm.sock"), []), events, start_delay=30.0)
+    yield coordinator, events
+    coordinator.stop()
+
+
+def wait_ready(coordinator: WarmCoordinator) -> None:
+    assert coordinator.template.poll_ready(timeout=30) is not None, "the template did not become ready"
+
+
+def test_started_once_the_workers_are_up_not_before(coordinator):
+    coordinator, events = coordinator
+    now = time.monotonic()
+    coordinator.workers_started(now)
+    assert not coordinator.maybe_start(0, workers_up=False, now=now + 29)
+    assert coordinator.pid is None and kinds(events) == []
+    assert coordinator.maybe_start(0, workers_up=True, now=now + 1)
+    assert events.records[-1]["event"] == "warm_template_started"
+    assert events.records[-1]["pid"] == coordinator.pid and coordinator.pid is not None
+    assert not coordinator.maybe_start(0, workers_up=True)  # started once
+
+
+def test_started_after_the_delay_even_if_workers_are_not_up(coordinator):
+    coordinator, events = coordinator
+    now = time.monotonic()
+    coordinator.workers_started(now)
+    assert coordinator.maybe_start(0, workers_up=False, now=now + 30)
+    assert kinds(events) == ["warm_template_started"]
+
+
+def test_readiness_is_recorded_once_and_makes_the_next_cycle_warm(coordinator):
+    coordinator, events = coordinator
+    assert coordinator.before_cycle(0) is False  # nothing started yet
+    coordinator.maybe_start(0, workers_up=True)
+    deadline = time.monotonic() + 30
+    while not coordinator.before_cycle(1):  # the template imports nothing: ready at once
+        assert time.monotonic() < deadline, "the template did not become ready"
+        time.sleep(0.02)
+    assert coordinator.before_cycle(2) is True
+    ready = [r for r in events.records if r["event"] == "warm_template_ready"]
+    assert len(ready) == 1 and ready[0]["cycle"] == 1 and ready[0]["pid"] == coordinator.pid
+    assert ready[0]["failed_preloads"] == [] and ready[0]["cuda_initialized"] is False
+    assert coordinator.worker_env() == {FT_WARM_TEMPLATE_SOCKET_ENV_VAR: coordinator.template.socket_path}
+
+
+def test_a_dead_template_is_recorded_forgotten_and_started_again(coordinator):
+    coordinator, events = coordinator
+    coordinator.maybe_start(0, workers_up=True)
+    wait_ready(coordinator)
+    first = coordinator.pid
+    os.kill(first, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while coordinator.template.alive():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert coordinator.before_cycle(1) is False  # this cycle starts cold
+    replaced = [r for r in events.records if r["event"] == "warm_template_replaced"]
+    assert [(r["cycle"], r["exit_code"]) for r in replaced] == [(1, -signal.SIGKILL)]
+    assert coordinator.pid is None and not os.path.exists(coordinator.template.socket_path)
+    assert coordinator.maybe_start(1, workers_up=True)
+    assert coordinator.pid not in (None, first)
+
+
+def test_adopt_rewrites_python_commands_only(coordinator):
+    coordinator, _ = coordinator
+    spec = WorkerSpec(role="t", local_world_size=1, rdzv_handler=None, entrypoint=sys.executable,
+                      args=("-u", "train.py", "--lr", "1"))
+    assert coordinator.adopt(spec)
+    assert (spec.entrypoint, spec.args) == (sys.executable, ("-I", "-S", TRAMPOLINE, "-u", "train.py", "--lr", "1"))
+    other = WorkerSpec(role="t", local_world_size=1, rdzv_handler=None, entrypoint="/bin/echo", args=("x",))
+    assert not coordinator.adopt(other)
+    assert (other.entrypoint, other.args) == ("/bin/echo", ("x",))
