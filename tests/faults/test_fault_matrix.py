@@ -435,7 +435,7 @@ CASES = [
     Case("failure-during-the-restart", ("0:0:raise", "1:1:import_error"), ("--max-restarts", "2"), cycles=3,
          roots=(Root(0, 0, "exit", "exit code 1"), Root(1, 1, "exit", "exit code 1", check=cause_is_in_stderr))),
     # --- workload control still works after a (warm) restart
-    Case("workload-control-after-a-warm-restart", ("0:1:exit1", "1:0:shutdown_workload"), ("--max-restarts", "3"),
+    Case("workload-control-after-a-warm-restart", ("0:1:exit1_once_warm", "1:0:shutdown_workload"), ("--max-restarts", "3"),
          exit_code=64, outcome="shutdown_requested", cycles=2, roots=None, check=check_warm_control_request),
     # --- two launchers on 127.0.0.1 acting as two nodes (a hosts the rendezvous store)
     Case("two-nodes-one-sigkilled", (), ("--max-restarts", "1", "--warm-preload="),

@@ -29,6 +29,8 @@ children_hang                forks two data-loader-like children and one daemon 
                              the process group and session (double fork + setsid), then hangs
 raise_in_collective          (``--gloo``) raises while the other ranks wait in ``all_reduce``
 exit1_after_peer_done        exits 1 once rank 0 of this cycle wrote its done record
+exit1_once_warm              exits 1 once the launcher's warm template listens (so that the
+                             restart is forked from it, however slowly the template started)
 exclude_node                 asks the launcher for ``ExcludeThisNode``, then exits 1
 shutdown_workload            asks the launcher for ``ShutdownWorkload``, then exits 1
 ignore_sigterm               ignores SIGTERM from the start and keeps stepping (no failure)
@@ -153,6 +155,15 @@ def misbehave(args, client, fault: str) -> None:
 
         action = WorkloadAction.ExcludeThisNode if fault == "exclude_node" else WorkloadAction.ShutdownWorkload
         client.send_workload_control_request(WorkloadControlRequest(action, f"rank {RANK} asks for {fault}"))
+        sys.exit(1)
+    elif fault == "exit1_once_warm":
+        # The template listens next to the monitors' sockets in the launcher's private run
+        # directory, and reports itself ready to the launcher right after it binds.
+        template = os.path.join(os.path.dirname(os.environ["FT_RANK_MONITOR_IPC_SOCKET"]), "warm.sock")
+        deadline = time.monotonic() + 60
+        while not os.path.exists(template) and time.monotonic() < deadline:
+            client.send_heartbeat()
+            time.sleep(0.02)
         sys.exit(1)
     elif fault == "exit1_after_peer_done":
         peer = os.path.join(args.dir, f"cycle{CYCLE}_rank0.done.json")
