@@ -135,6 +135,8 @@ def main() -> None:
     )
     trainer.fit(SlowBoringModel(), ckpt_path=str(last) if last.exists() else None)
     recorder.line("end", os.getpid(), trainer.global_step, f"{time.time():.6f}")
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()  # a gloo group alive at exit can abort it (SIGABRT)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
@@ -164,3 +165,8 @@ def fit_from_last_checkpoint(args: argparse.Namespace, fault_tolerance: Callback
     log.info("%s", f"resuming from {resume_from}" if resume_from else "starting from scratch")
     trainer.fit(SlowBoringModel(args.step_time, progress_log=log), ckpt_path=resume_from)
     log.info("fit returned at step %d of %d", trainer.global_step, args.max_steps)
+    if torch.distributed.is_initialized():
+        # Lightning leaves a gloo process group alive; torch's gloo threads can then abort the
+        # interpreter's exit (SIGABRT, "terminate called without an active exception"), which
+        # the launcher would rightly count as a crash. PyTorch asks for this call at the end.
+        torch.distributed.destroy_process_group()
