@@ -618,7 +618,14 @@ exclude_after_requeue() {
 requeue_job() {   # -> 0 when SLURM accepted the requeue
   local out rc=0
   REQUEUEING=1
+  INTERRUPTED=0
   out=$(timeout 60 scontrol requeue "$JOB_REF" 2>&1) || rc=$?
+  if [ "$rc" -gt 128 ] && [ "$INTERRUPTED" = 1 ]; then
+    # Once slurmctld has requeued the job it signals every process of the step, scontrol too:
+    # on a busy node the signal can arrive before scontrol exits 0. This script got it as well.
+    log "'scontrol requeue $JOB_REF' was stopped by SLURM's signal to the requeued job (exit $rc): requeued"
+    return 0
+  fi
   if [ "$rc" != 0 ]; then
     REQUEUEING=0
     log "error: 'scontrol requeue $JOB_REF' failed (exit $rc): $out"

@@ -113,13 +113,13 @@ class SlurmRun(AutoresumeRun):
         return job_id
 
     def submit(self, *script_args: str, behaviour: list[str], sbatch_args: tuple[str, ...] = ("--requeue",),
-               launcher_args: str = LAUNCHER_ARGS, nodes: int = 1) -> str:
+               launcher_args: str = LAUNCHER_ARGS, nodes: int = 1, env: dict[str, str] | None = None) -> str:
         """Submit scripts/autoresume.sh itself as the batch script, running the test worker."""
         self.state_dir.mkdir(exist_ok=True)
         return self.sbatch(
             *sbatch_args, str(SCRIPT), "--launcher", str(FT_LAUNCHER), "--run-dir", str(self.run_dir),
             "--launcher-args", launcher_args, *script_args,
-            "--", str(WORKER), str(self.state_dir), *behaviour, nodes=nodes)
+            "--", str(WORKER), str(self.state_dir), *behaviour, nodes=nodes, env=env)
 
     def job(self, job_id: str) -> Job:
         text = self.slurm("scontrol", "show", "job", "-o", job_id)

@@ -9,7 +9,9 @@ Every job also has ``--time=5`` so that SLURM itself bounds a job that goes wron
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 
 import pytest
 
@@ -39,7 +41,7 @@ def test_fails_twice_then_finishes_through_requeues(slurm_run: SlurmRun) -> None
     assert {row.job_id for row in history} == {job_id}
     assert [row.exit_code for row in history] == ["1", "1", "0"]
     assert [row.failures for row in history] == [1, 2, 0]
-    assert decisions(slurm_run) == ["continue", "continue", "finished"]
+    assert decisions(slurm_run) == ["continue", "continue", "finished"], ([r.decision for r in history], out[-6000:])
     # The crashed rank's node is kept out of the next allocation; after attempt 2 failed on the
     # other node, excluding both would leave no node for the job: the list is dropped.
     ran_on = nodes_of_attempts(out, 3)
@@ -54,6 +56,31 @@ def test_fails_twice_then_finishes_through_requeues(slurm_run: SlurmRun) -> None
     assert worker_runs(slurm_run.state_dir) == 3
     # --open-mode=append: the one log file holds all three attempts.
     assert [f"attempt {n} starts" in out for n in (1, 2, 3)] == [True, True, True], out[-6000:]
+
+
+def test_a_requeue_signalled_before_scontrol_returns_is_a_requeue(slurm_run: SlurmRun) -> None:
+    # Once slurmctld requeued the job it signals every process of the step, scontrol included.
+    # On a busy node that signal once beat scontrol's exit 0 and the script logged "scontrol
+    # requeue failed". A scontrol that lingers after a successful requeue makes it certain.
+    shim_dir = slurm_run.tmp_path / "slow-scontrol"
+    shim_dir.mkdir()
+    shim = shim_dir / "scontrol"
+    shim.write_text(f"""#!/bin/bash
+{shutil.which("scontrol")} "$@"; rc=$?
+if [ "$1" = requeue ] && [ "$rc" = 0 ]; then sleep 20; fi
+exit "$rc"
+""")
+    shim.chmod(0o755)
+    job_id = slurm_run.submit("--max-failures", "3", behaviour=["fail-first", "1"],
+                              env={"PATH": f"{shim_dir}:{os.environ['PATH']}"})
+    job = slurm_run.wait_done(job_id)
+    out = slurm_run.output(job_id, tail=None)
+
+    assert (job.state, job.exit_code, job.restarts) == ("COMPLETED", 0, 1), out[-6000:]
+    history = read_history(slurm_run.run_dir)
+    assert decisions(slurm_run) == ["continue", "finished"], ([r.decision for r in history], out[-6000:])
+    assert "requeued" in history[0].decision
+    assert "was stopped by SLURM's signal to the requeued job" in out
 
 
 def test_exclude_this_node_requeues_the_job_on_another_node(slurm_run: SlurmRun) -> None:

@@ -50,6 +50,20 @@ def record_run(state_dir: str, rank: int) -> int:
     return run
 
 
+def wait_for_all_ranks(state_dir: str, run: int) -> None:
+    """Wait (at most WAIT_LIMIT_S) until every rank of the job recorded its run ``run``: a request
+    sent earlier could stop the job before a slower node's worker even started."""
+    path = os.path.join(state_dir, "runs.log")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    deadline = time.monotonic() + WAIT_LIMIT_S
+    while time.monotonic() < deadline:
+        with open(path) as stream:
+            ranks = [line.split()[1] for line in stream if line.startswith("rank ")]
+        if all(ranks.count(str(rank)) >= run for rank in range(world_size)):
+            return
+        time.sleep(0.05)
+
+
 def finish(rank: int) -> int:
     if rank == 0:
         atomic_write_text(os.environ["FAULT_TOL_FINISHED_FLAG_FILE"], "finished\n")
@@ -94,6 +108,7 @@ def main() -> int:
     if behaviour == "shutdown" or (behaviour == "exclude-first" and run <= count):
         action = WorkloadAction.ShutdownWorkload if behaviour == "shutdown" else WorkloadAction.ExcludeThisNode
         if rank == 0:
+            wait_for_all_ranks(state_dir, run)
             RankMonitorClient().send_workload_control_request(WorkloadControlRequest(action, "autoresume test"))
         time.sleep(WAIT_LIMIT_S)  # the launcher stops all workers (SIGTERM) well before this
         print(f"autoresume_worker: not stopped after {action.name}", file=sys.stderr)
