@@ -11,12 +11,10 @@ the group) without the sticky bit, or owned by another user. Real monitors, a re
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import subprocess
 import tempfile
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -26,13 +24,9 @@ from ft_core.monitor_link import MonitorLink
 
 
 @pytest.fixture
-def scratch() -> Iterator[str]:
+def scratch(run_dir: str) -> str:
     """A short directory under /tmp that the test shapes (modes, owners); removed afterwards."""
-    path = tempfile.mkdtemp(prefix="ftt-paths-", dir="/tmp")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+    return run_dir
 
 
 def _mkdtemp_0755(scratch: str) -> str:

@@ -112,6 +112,14 @@ def fork_children() -> list:
     return pids + [daemon]
 
 
+def beat_until_exists(client, path: str, limit: float = 60.0) -> None:
+    """Send heartbeats (alive while it waits) until ``path`` exists, for at most ``limit`` s."""
+    deadline = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        client.send_heartbeat()
+        time.sleep(0.02)
+
+
 def misbehave(args, client, fault: str) -> None:
     """Carry out a fault that ends or freezes this process."""
     if fault == "children_hang":
@@ -159,18 +167,10 @@ def misbehave(args, client, fault: str) -> None:
     elif fault == "exit1_once_warm":
         # The template listens next to the monitors' sockets in the launcher's private run
         # directory, and reports itself ready to the launcher right after it binds.
-        template = os.path.join(os.path.dirname(os.environ["FT_RANK_MONITOR_IPC_SOCKET"]), "warm.sock")
-        deadline = time.monotonic() + 60
-        while not os.path.exists(template) and time.monotonic() < deadline:
-            client.send_heartbeat()
-            time.sleep(0.02)
+        beat_until_exists(client, os.path.join(os.path.dirname(os.environ["FT_RANK_MONITOR_IPC_SOCKET"]), "warm.sock"))
         sys.exit(1)
     elif fault == "exit1_after_peer_done":
-        peer = os.path.join(args.dir, f"cycle{CYCLE}_rank0.done.json")
-        deadline = time.monotonic() + 60
-        while not os.path.exists(peer) and time.monotonic() < deadline:
-            client.send_heartbeat()  # alive while it waits
-            time.sleep(0.02)
+        beat_until_exists(client, os.path.join(args.dir, f"cycle{CYCLE}_rank0.done.json"))
         sys.exit(1)
     else:
         raise SystemExit(f"faults_worker: unknown fault {fault!r}")
