@@ -2,7 +2,7 @@
 
 Two processes form a gloo group (``torch.multiprocessing``, a TCP store on localhost). Each runs
 blocks of ``--block`` steps of ``--step-us`` microseconds of busy work, alternately without and
-with :meth:`ft_core.graceful_stop.GracefulStop.step_ended` after every step (ABBA order, so a
+with :meth:`ft_core.client.graceful_stop.GracefulStop.step_ended` after every step (ABBA order, so a
 change in the machine's load affects both alike). Reported, from rank 0: the time per step in each
 mode and the difference (what the agreement adds per step, on average), the agreement checks per
 second and the cost of one check (its all-reduce of two numbers, timed on its own). No signal is
@@ -34,8 +34,8 @@ def rank_main(rank: int, port: int, args: argparse.Namespace, queue) -> None:
     import torch
     import torch.distributed as dist
 
-    from ft_core.collectives import TorchDistributedCollectives
-    from ft_core.graceful_stop import GracefulStop, GracefulStopConfig
+    from ft_core.client.collectives import TorchDistributedCollectives
+    from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)

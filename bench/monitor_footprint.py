@@ -62,7 +62,7 @@ def classify(launcher_pid: int, workers: set[int]) -> dict[int, str]:
             cmd = cmdline(pid)
         except OSError:
             continue
-        if "ft_core.monitor_cli" in cmd:
+        if "ft_core.monitor.cli" in cmd:
             roles[pid] = "monitor"
         elif "zygote" in cmd:
             roles[pid] = "warm_template"

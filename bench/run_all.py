@@ -739,7 +739,7 @@ def render_soak(result: dict, peer: bool) -> list[str]:
     main = runs.get("default") or next(iter(runs.values()))
     s = main["settings"]
     out = [title,
-           f"A 2-rank training loop (`bench/soak_train.py`: `ft_core.integration`, gloo on CPU) under "
+           f"A 2-rank training loop (`bench/soak_train.py`: `ft_core.client.integration`, gloo on CPU) under "
            f"`scripts/autoresume.sh --mode local` and `ft_launcher`, for {s['duration'] / 60:.0f} minutes of job time "
            f"with realistic jitter: step times of {s['step_time'] * 1000:.0f} ms median with a log-normal spread "
            f"and a Pareto tail ({s['tail_p'] * 100:g} % of steps, up to 40x), pauses of 0.5-3 s ({s['pause_p'] * 100:g} % "

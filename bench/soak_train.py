@@ -1,7 +1,7 @@
 """Training job of bench/soak.py: a 2-rank loop with realistic jitter under calculated timeouts.
 
 Started by ``scripts/autoresume.sh`` through ``ft_launcher`` (one process per rank, gloo on CPU).
-The loop uses ``ft_core.integration`` (sections ``setup``, ``step``, ``checkpointing`` and the
+The loop uses ``ft_core.client.integration`` (sections ``setup``, ``step``, ``checkpointing`` and the
 out-of-section time) with ``calculate_timeouts=True`` and ``graceful_stop=True``, and resumes
 from ``RUN_DIR/ckpt/checkpoint.json``. What makes its timing realistic (``--plan``, a JSON file
 written by bench/soak.py, holds the parameters and the seed):
@@ -58,8 +58,8 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    import ft_core.integration as ft
-    from ft_core.atomic import atomic_write_text
+    import ft_core.client.integration as ft
+    from ft_core.wire.atomic import atomic_write_text
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -28,7 +28,7 @@ import os
 
 import _common.ptl as common  # the training around the callback: Trainer, model, command line
 
-from ft_core.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR
+from ft_core.wire.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR
 from ptl_resiliency import FaultToleranceCallback
 
 log = logging.getLogger("lightning_heartbeats")

@@ -1,51 +1,48 @@
 """ft_core: hang detection for distributed training ranks.
 
-Importing this package never imports torch: the rank monitor and the client hot path are
-standard-library code; torch is used lazily, only to synchronise calculated timeouts across
-ranks when a process group exists.
+Three runtimes share this package, one subpackage each: :mod:`ft_core.client` runs in the
+training ranks, :mod:`ft_core.monitor` is the stdlib-only rank monitor, and :mod:`ft_core.wire`
+is what both (and the launcher) share: the wire format, the config, names and OS helpers.
+
+Importing this package never imports torch, and its public names are loaded on first use, so a
+rank monitor that imports :mod:`ft_core.monitor` loads none of the client.
 """
 
-from ft_core.config import ConfigError, FaultToleranceConfig
-from ft_core.data import (
-    HeartbeatTimeouts,
-    SectionAction,
-    SectionTimeouts,
-    WorkloadAction,
-    WorkloadControlRequest,
-)
-from ft_core.env import (
-    FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR,
-    FT_LAUNCHER_IPC_SOCKET_ENV_VAR,
-    FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
-)
-from ft_core.errors import RankMonitorClientError, TimeoutsCalcError
-from ft_core.rank_monitor_client import RankMonitorClient
-from ft_core.timeouts_calc import TimeoutsCalc
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "ConfigError": "ft_core.wire.config",
+    "FaultToleranceConfig": "ft_core.wire.config",
+    "HeartbeatTimeouts": "ft_core.wire.data",
+    "SectionAction": "ft_core.wire.data",
+    "SectionTimeouts": "ft_core.wire.data",
+    "WorkloadAction": "ft_core.wire.data",
+    "WorkloadControlRequest": "ft_core.wire.data",
+    "FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR": "ft_core.wire.env",
+    "FT_LAUNCHER_IPC_SOCKET_ENV_VAR": "ft_core.wire.env",
+    "FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR": "ft_core.wire.env",
+    "RankMonitorClientError": "ft_core.wire.errors",
+    "TimeoutsCalcError": "ft_core.wire.errors",
+    "RankMonitorClient": "ft_core.client.rank_monitor_client",
+    "TimeoutsCalc": "ft_core.client.timeouts_calc",
+    "RankMonitorServer": "ft_core.monitor.server",
+}
 
 
-def __getattr__(name: str):
-    # Imported lazily: ranks, which import this package, never need the server.
-    if name == "RankMonitorServer":
-        from ft_core.rank_monitor_server import RankMonitorServer
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'ft_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
-        return RankMonitorServer
-    raise AttributeError(f"module 'ft_core' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))
 
 
-__all__ = [
-    "ConfigError",
-    "FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR",
-    "FT_LAUNCHER_IPC_SOCKET_ENV_VAR",
-    "FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR",
-    "FaultToleranceConfig",
-    "HeartbeatTimeouts",
-    "RankMonitorClient",
-    "RankMonitorClientError",
-    "RankMonitorServer",
-    "SectionAction",
-    "SectionTimeouts",
-    "TimeoutsCalc",
-    "TimeoutsCalcError",
-    "WorkloadAction",
-    "WorkloadControlRequest",
-]
+__all__ = sorted(_HOMES)

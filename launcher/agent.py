@@ -6,7 +6,7 @@ overrides its hooks; each hook calls into a unit that owns one concern:
 | hook | adds | unit |
 | --- | --- | --- |
 | ``_rendezvous`` | timing; the round's store for the cross-node channel, this node's name in it | :mod:`launcher.store_channel` |
-| ``_start_workers`` | dead or unresponsive monitors replaced, template readiness, monitors told the worker pids, ``cycle_start`` | :mod:`launcher.monitors`, :mod:`launcher.warm` |
+| ``_start_workers`` | dead or unresponsive monitors replaced, template readiness, monitors told the worker pids, ``cycle_start`` | :mod:`launcher.monitors`, :mod:`launcher.warm.coordinator` |
 | ``_setup_local_watchdog`` | per-rank environment (monitor / control / template sockets, cycle) | |
 | ``_monitor_workers`` | wait for activity; evidence (progress, stacks) then fast stop of survivors; hang causes (a hang fails the cycle whatever the exit status); root and collateral across nodes; control requests; ShutdownWorkload from other nodes; restart policy | :mod:`launcher.incident`, :mod:`launcher.failures`, :mod:`launcher.culprit`, :mod:`launcher.restart_policy`, :mod:`launcher.control_server` |
 | ``_restart_workers`` | "another node restarted" record | |
@@ -34,10 +34,10 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from ft_core import protocol
-from ft_core.config import Role
-from ft_core.data import WorkloadAction
-from ft_core.env import (
+from ft_core.wire import protocol
+from ft_core.wire.config import Role
+from ft_core.wire.data import WorkloadAction
+from ft_core.wire.env import (
     FT_CYCLE_ENV_VAR,
     FT_LAUNCHER_IPC_SOCKET_ENV_VAR,
     FT_RANK_CONFIG_ENV_VAR,
@@ -58,7 +58,7 @@ from launcher.restart_policy import (
     outcome_decision,
 )
 from launcher.store_channel import StoreChannel
-from launcher.warm import WarmCoordinator
+from launcher.warm.coordinator import WarmCoordinator
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             ``sig`` and the workers got it themselves (a job-wide signal); the stop then does
             not send it again (see :mod:`launcher.signals`).
         warm: The node's warm template coordinator; workers are then forked from the template
-            (see :mod:`launcher.warm`). None starts every worker cold, as torchrun does.
+            (see :mod:`launcher.warm.coordinator`). None starts every worker cold, as torchrun does.
         workers_stop_timeout: ``--workers-stop-timeout``: after a worker failed, seconds from
             SIGTERM to SIGKILL for the surviving workers.
         workers: The node's worker table (shared with the launcher's signal dispatcher, which

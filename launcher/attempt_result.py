@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Sequence
 
-from ft_core.atomic import atomic_write_bytes
+from ft_core.wire.atomic import atomic_write_bytes
 
 logger = logging.getLogger(__name__)
 

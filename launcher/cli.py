@@ -24,23 +24,23 @@ from typing import Any, NoReturn
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ft_core import reference_options
-from ft_core.config import (
+from ft_core.wire import reference_options
+from ft_core.wire.config import (
     MAX_SECONDS,
     ConfigError,
     FaultToleranceConfig,
     MissingSectionError,
     parse_seconds,
 )
-from ft_core.env import (
+from ft_core.wire.env import (
     AUTORESUME_RUN_DIR_ENV_VAR,
     FT_LAUNCHER_EVENT_LOG_ENV_VAR,
     FT_LAUNCHER_WARM_RESTARTS_ENV_VAR,
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
 )
-from ft_core.reference_options import REFERENCE_ONLY_OPTIONS
+from ft_core.wire.reference_options import REFERENCE_ONLY_OPTIONS
 from launcher import exit_codes
-from launcher.warm import DEFAULT_PRELOAD, START_DELAY
+from launcher.warm.coordinator import DEFAULT_PRELOAD, START_DELAY
 
 logger = logging.getLogger("launcher")
 
@@ -170,7 +170,7 @@ class LauncherOptions:
 
     They are not fault tolerance config fields (monitors and ranks never see them). Built and
     checked once, by :meth:`from_args`, from the command line and the launcher's environment
-    variables (named in :mod:`ft_core.env`); the rest of the launcher reads only this object.
+    variables (named in :mod:`ft_core.wire.env`); the rest of the launcher reads only this object.
 
     Attributes:
         term_timeout: ``--term-timeout``: seconds between SIGTERM and SIGKILL when workers are
@@ -187,7 +187,7 @@ class LauncherOptions:
         workers_stop_timeout: ``--workers-stop-timeout``: seconds from SIGTERM to SIGKILL for
             the surviving workers after a worker failed (before a restart).
         ignored_options: One warning line per reference-only option given with a harmless value
-            (:mod:`ft_core.reference_options`); :func:`main` logs them.
+            (:mod:`ft_core.wire.reference_options`); :func:`main` logs them.
     """
 
     term_timeout: float | None = None
@@ -356,7 +356,7 @@ def _switch(name: str, environ: Mapping[str, str]) -> bool:
 
 
 def _seconds_or_zero(name: str, value: Any) -> float:
-    """:func:`ft_core.config.parse_seconds` (finite, at most ``MAX_SECONDS``), plus 0 ("at once").
+    """:func:`ft_core.wire.config.parse_seconds` (finite, at most ``MAX_SECONDS``), plus 0 ("at once").
 
     Raises:
         ConfigError: Naming ``name`` and echoing ``value``.

@@ -6,7 +6,7 @@ workers or a descendant of one (checked with ``SO_PEERCRED`` and ``/proc``); any
 an error reply. Accepted requests are queued for the agent's monitoring loop, which acts on them.
 
 With warm restarts, torch knows each worker as its trampoline, while the real worker is forked by
-this launcher's warm template (``launcher/zygote.py``), so it descends from the template, not from
+this launcher's warm template (``launcher/warm/zygote.py``), so it descends from the template, not from
 the trampoline. The template forks only at the request of this launcher's own children, so a
 process it forked (or a descendant of one) is a worker of this launcher too.
 """
@@ -23,11 +23,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ft_core import protocol
-from ft_core.data import WorkloadControlRequest
-from ft_core.errors import ProtocolError
-from ft_core.osutil import drain, wakeup_pair
-from ft_core.procfs import parent_pid
+from ft_core.wire import protocol
+from ft_core.wire.data import WorkloadControlRequest
+from ft_core.wire.errors import ProtocolError
+from ft_core.wire.osutil import drain, wakeup_pair
+from ft_core.wire.procfs import parent_pid
 
 logger = logging.getLogger(__name__)
 

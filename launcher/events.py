@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from ft_core.deadlines import HangKind
+from ft_core.monitor.deadlines import HangKind
 from launcher.culprit import COLLATERAL, LOST, ROOT
 from launcher.failures import KIND_EXIT, KIND_HANG, KIND_SIGNAL, FailureRecord
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ft_core.deadlines import HangKind
-from ft_core.stacks import innermost_user_frame
+from ft_core.monitor.deadlines import HangKind
+from ft_core.wire.stacks import innermost_user_frame
 from launcher import culprit
 from launcher.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
 
@@ -46,7 +46,7 @@ class FailureRecord:
         kind: ``hang``, ``exit``, ``signal`` or ``terminated`` (stopped by us after another
             worker failed).
         detected_at: Wall-clock time of detection (epoch seconds).
-        detail: Extra fields (``hang_kind`` as a :class:`~ft_core.deadlines.HangKind`,
+        detail: Extra fields (``hang_kind`` as a :class:`~ft_core.monitor.deadlines.HangKind`,
             section, elapsed, timeout, exit code, the evidence...).
         role: ``root`` (this rank caused the failure) or ``collateral`` (it stopped because of
             the root, which may be on another node).
@@ -132,7 +132,7 @@ def failure_records(
             adds a hung worker that exited 0: a hang fails the cycle whatever the exit status).
         local_ranks: Global rank -> local rank of this node's workers.
         hangs: The monitors' ``rank_hang`` reports of this cycle, by local rank (their ``kind``
-            is a :class:`~ft_core.deadlines.HangKind` value; with warm
+            is a :class:`~ft_core.monitor.deadlines.HangKind` value; with warm
             starts torch knows the trampoline's pid and the monitor the forked worker's, so
             the local rank is the key both share).
         stopped_by_us: Pids the launcher stopped because another worker had failed.

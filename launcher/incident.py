@@ -20,7 +20,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ft_core import protocol
+from ft_core.wire import protocol
 from launcher import processes
 from launcher.failures import Evidence
 from launcher.monitors import MonitorPool

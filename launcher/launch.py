@@ -33,16 +33,16 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from ft_core import protocol
-from ft_core.config import ConfigError, FaultToleranceConfig, parse_seconds
-from ft_core.env import (
+from ft_core.wire import protocol
+from ft_core.wire.config import ConfigError, FaultToleranceConfig, parse_seconds
+from ft_core.wire.env import (
     AUTORESUME_ATTEMPT_ENV_VAR,
     FT_LAUNCHER_KEEP_FD_ENV_VAR,
     FT_LAUNCHER_PARENT_PID_ENV_VAR,
     FT_LAUNCHER_RESULT_FILE_ENV_VAR,
     FT_LAUNCHER_RUN_ENV_VAR,
 )
-from ft_core.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
+from ft_core.wire.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
 from launcher import exit_codes, processes, rendezvous_poll
 from launcher.agent import FaultTolerantAgent
 from launcher.attempt_result import check_result_path, write_result
@@ -54,7 +54,7 @@ from launcher.restart_policy import OUTCOME_EXCLUDED, OUTCOME_SHUTDOWN, RestartP
 from launcher.sentinel import Sentinel
 from launcher.signals import JOB_WIDE_WINDOW, SignalHandling
 from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
-from launcher.warm import WarmCoordinator, WarmTemplate
+from launcher.warm.coordinator import WarmCoordinator, WarmTemplate
 
 logger = logging.getLogger(__name__)
 

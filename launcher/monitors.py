@@ -17,12 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ft_core import protocol
-from ft_core.config import FaultToleranceConfig
-from ft_core.monitor_link import MonitorLink
-from ft_core.monitor_process import MonitorProcess
-from ft_core.osutil import signals_blocked
-from ft_core.rank_monitor_server import RankMonitorServer
+from ft_core.wire import protocol
+from ft_core.wire.config import FaultToleranceConfig
+from ft_core.monitor.link import MonitorLink
+from ft_core.monitor.process import MonitorProcess
+from ft_core.wire.osutil import signals_blocked
+from ft_core.monitor.server import RankMonitorServer
 from launcher import processes
 
 logger = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ REPLIES = {
     protocol.MSG_PROGRESS_QUERY: protocol.MSG_PROGRESS_REPORT,
     protocol.MSG_CAPTURE_STACKS: protocol.MSG_STACKS_CAPTURED,
 }
-"""The answer a monitor gives to each question of the launcher (see ft_core.protocol)."""
+"""The answer a monitor gives to each question of the launcher (see ft_core.wire.protocol)."""
 
 
 @dataclass(frozen=True)

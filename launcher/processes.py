@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ft_core.procfs import ProcStat, list_processes
+from ft_core.wire.procfs import ProcStat, list_processes
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ class WorkerProcesses:
     """The current cycle's workers: pids, pidfds, who is the real worker, and signals for them.
 
     torch knows each worker by the process it started; under warm restarts that is a stand-in
-    (:mod:`launcher.trampoline`) and the worker is a child of the warm template.
+    (:mod:`launcher.warm.trampoline`) and the worker is a child of the warm template.
     :meth:`resolved` records the workers' own pids: logs, events and signals use those.
 
     Signals the launcher passes on (:meth:`route`) go to each live worker's process group, or

@@ -1,7 +1,7 @@
 """The launcher's sentinel: tells job-wide signals apart and cleans up after a launcher that died.
 
 A small standard-library process the launcher starts first, in a session of its own (like the
-workers) and with every signal of :data:`ft_core.osutil.STEP_SIGNALS` blocked from birth. It has
+workers) and with every signal of :data:`ft_core.wire.osutil.STEP_SIGNALS` blocked from birth. It has
 three jobs:
 
 1. **Witness of job-wide signals.** SLURM's step daemon signals every process of a step; a
@@ -13,7 +13,7 @@ three jobs:
    report, or the signal still pending in its ``/proc`` status) means the workers have it
    already, and the launcher must not pass it on a second time.
 2. **Last line of clean-up.** The launcher sets a run token in its environment
-   (:data:`ft_core.env.FT_LAUNCHER_RUN_ENV_VAR`) before it starts anything, so every process of
+   (:data:`ft_core.wire.env.FT_LAUNCHER_RUN_ENV_VAR`) before it starts anything, so every process of
    the run inherits it: monitors, warm template, trampolines, workers, and whatever the workers
    start, even in a new session or double-forked. When the launcher is gone (its end of the
    sentinel's stdin closes, even after SIGKILL), the sentinel SIGKILLs every process that carries

@@ -8,7 +8,7 @@ docs/launcher.md ("Signals") has the table for every signal and every way it can
   timeout, else 1. A second one while stopping is logged and changes nothing; a third forces the
   stop at once (SIGKILL to every process of the run, run directory removed, result recorded, exit
   128+N). A watchdog forces it too if the stop takes longer than ``--term-timeout`` + 30 s.
-- Every other signal of :data:`ft_core.osutil.STEP_SIGNALS` (:data:`RELAYED_SIGNALS`: SIGUSR1,
+- Every other signal of :data:`ft_core.wire.osutil.STEP_SIGNALS` (:data:`RELAYED_SIGNALS`: SIGUSR1,
   SIGUSR2, SIGALRM, ...) is for the workers; the launcher keeps running.
 
 Each worker must see each signal once. SLURM's step daemon signals every process of a step
@@ -25,7 +25,7 @@ whose bytes wake a dispatcher thread even while the main thread is stuck in C co
 rendezvous, say). The dispatcher decides, counts stop signals, relays, and forces the stop when
 needed. The launcher itself never blocks signals: a blocked mask would be inherited by every
 process it starts, torch's workers included. Its helpers are started with the step signals
-blocked instead (:func:`ft_core.osutil.signals_blocked`) and never die of one.
+blocked instead (:func:`ft_core.wire.osutil.signals_blocked`) and never die of one.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 
-from ft_core.osutil import STEP_SIGNALS
+from ft_core.wire.osutil import STEP_SIGNALS
 
 logger = logging.getLogger(__name__)
 

@@ -3,11 +3,11 @@
 ``FaultToleranceCallback`` detects hangs with heartbeats, ``FaultToleranceSectionsCallback``
 with sections (setup, step, checkpointing); both create the auto-resume finished flag and can
 calculate and persist timeouts. Lightning is imported as ``lightning.pytorch`` (the package
-requires ``lightning``). The sections and timeouts rules are :mod:`ft_core.sections_policy`'s,
-the same as :mod:`ft_core.integration`'s. See ``docs/lightning.md``.
+requires ``lightning``). The sections and timeouts rules are :mod:`ft_core.client.sections_policy`'s,
+the same as :mod:`ft_core.client.integration`'s. See ``docs/lightning.md``.
 """
 
-from ft_core.simulated_fault import SimulatedFaultParams
+from ft_core.client.simulated_fault import SimulatedFaultParams
 from ptl_resiliency.fault_tolerance_callback import FaultToleranceCallback
 from ptl_resiliency.fault_tolerance_sections_callback import FaultToleranceSectionsCallback
 

@@ -7,7 +7,7 @@ that did not) update timeouts when that is safe, create the finished flag when t
 complete, and disconnect.
 
 The rules (which sections, which timeouts when, the config check, when the final update may run)
-are :mod:`ft_core.sections_policy`'s; the state file is :mod:`ft_core.state_file`'s. This module
+are :mod:`ft_core.client.sections_policy`'s; the state file is :mod:`ft_core.client.state_file`'s. This module
 and the two callbacks only translate Lightning's hooks into the policy's events and carry out
 its answers.
 
@@ -25,23 +25,23 @@ import logging
 import os
 from typing import Any, Optional, Union
 
-from ft_core.config import ConfigError
-from ft_core.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.errors import RankMonitorClientError
-from ft_core.front_end import FrontEnd, require_bool, require_path
-from ft_core.graceful_stop import GracefulStop, GracefulStopConfig, GracefulStopExit
-from ft_core.rank_monitor_client import RankMonitorClient
-from ft_core.ranklog import RankLoggerAdapter, configure_rank_logging
-from ft_core.run_errors import record_error_for_launcher, stop_job_for_setup_error
-from ft_core.sections_policy import (
+from ft_core.wire.config import ConfigError
+from ft_core.wire.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.wire.errors import RankMonitorClientError
+from ft_core.client.front_end import FrontEnd, require_bool, require_path
+from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig, GracefulStopExit
+from ft_core.client.rank_monitor_client import RankMonitorClient
+from ft_core.client.ranklog import RankLoggerAdapter, configure_rank_logging
+from ft_core.client.run_errors import record_error_for_launcher, stop_job_for_setup_error
+from ft_core.client.sections_policy import (
     HeartbeatsPolicy,
     SectionsPolicy,
     final_update_refusal,
     is_clean_exit,
     is_graceful_stop,
 )
-from ft_core.simulated_fault import SimulatedFault, SimulatedFaultParams, setup_simulated_fault
-from ft_core.state_file import PART_SECTIONS, StateFile
+from ft_core.client.simulated_fault import SimulatedFault, SimulatedFaultParams, setup_simulated_fault
+from ft_core.client.state_file import PART_SECTIONS, StateFile
 from ptl_resiliency._checkpoint_hooks import CheckpointHooks
 from ptl_resiliency._collectives import StrategyCollectives
 from ptl_resiliency._lightning import Callback, TrainerFn, pl

@@ -1,6 +1,6 @@
 """The collectives fault tolerance needs, through a Lightning strategy.
 
-:class:`StrategyCollectives` implements :class:`ft_core.collectives.Collectives` with the
+:class:`StrategyCollectives` implements :class:`ft_core.client.collectives.Collectives` with the
 strategy's own ``reduce_boolean_decision``, ``reduce`` and ``broadcast``, so the callbacks work
 with whatever strategy the ``Trainer`` uses (DDP, FSDP, DeepSpeed, a single device) and on
 whatever device and process group it set up, without a second copy of that choice.
@@ -15,7 +15,7 @@ from ptl_resiliency._lightning import pl
 
 
 class StrategyCollectives:
-    """:class:`~ft_core.collectives.Collectives` over ``strategy``'s processes.
+    """:class:`~ft_core.client.collectives.Collectives` over ``strategy``'s processes.
 
     Every rank must call each method (the strategy's collectives are no-ops with one process).
 

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from ft_core.config import ConfigError
-from ft_core.policy_actions import update_heartbeat_timeouts
-from ft_core.rank_monitor_client import RankMonitorClient
-from ft_core.sections_policy import (
+from ft_core.wire.config import ConfigError
+from ft_core.client.policy_actions import update_heartbeat_timeouts
+from ft_core.client.rank_monitor_client import RankMonitorClient
+from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_HB_TIMEOUTS,
     HeartbeatsPolicy,
     heartbeats_config_error,
 )
-from ft_core.simulated_fault import SimulatedFaultParams
-from ft_core.state_file import PART_HEARTBEATS
+from ft_core.client.simulated_fault import SimulatedFaultParams
+from ft_core.client.state_file import PART_HEARTBEATS
 from ptl_resiliency._base import GracefulStopOption, PathLike, _FaultToleranceCallbackBase
 from ptl_resiliency._checkpoint_hooks import KIND_SAVE
 from ptl_resiliency._lightning import pl
@@ -49,15 +49,15 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
     Args:
         autoresume: Create the finished flag file when training completes.
         calculate_timeouts: Calculate timeouts from observed intervals and persist them.
-        simulated_fault_params: A :class:`~ft_core.simulated_fault.SimulatedFaultParams` or an
+        simulated_fault_params: A :class:`~ft_core.client.simulated_fault.SimulatedFaultParams` or an
             equivalent dict, to kill or hang one rank on purpose (for testing restarts).
         exp_dir: Directory of the timeouts file; default ``<trainer.default_root_dir>/ft_state``
             (the same for every run started the same way).
         logger_name: Name of the logger this callback logs to.
         graceful_stop: Turn stop signals (default SIGTERM and SIGUSR1) into a coordinated stop:
             all ranks agree on a step, save a checkpoint there and leave ``fit`` with
-            :class:`~ft_core.graceful_stop.GracefulStopExit` (exit status 0, no finished flag).
-            True, a :class:`~ft_core.graceful_stop.GracefulStopConfig` or a dict of its fields
+            :class:`~ft_core.client.graceful_stop.GracefulStopExit` (exit status 0, no finished flag).
+            True, a :class:`~ft_core.client.graceful_stop.GracefulStopConfig` or a dict of its fields
             (``signals``, ``check_interval``, ``checkpoint_path``); None or False: off. See
             ``docs/lightning.md``.
 

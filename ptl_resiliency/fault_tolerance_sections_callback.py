@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
-from ft_core.config import ConfigError
-from ft_core.data import WorkloadControlRequest
-from ft_core.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
-from ft_core.errors import RankMonitorClientError
-from ft_core.policy_actions import apply_change, update_section_timeouts
-from ft_core.rank_monitor_client import RankMonitorClient
-from ft_core.sections_policy import (
+from ft_core.wire.config import ConfigError
+from ft_core.wire.data import WorkloadControlRequest
+from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
+from ft_core.wire.errors import RankMonitorClientError
+from ft_core.client.policy_actions import apply_change, update_section_timeouts
+from ft_core.client.rank_monitor_client import RankMonitorClient
+from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
     SECTION_CHECKPOINTING,
     SECTION_SETUP,
@@ -20,8 +20,8 @@ from ft_core.sections_policy import (
     SectionsPolicy,
     sections_config_error,
 )
-from ft_core.simulated_fault import SimulatedFaultParams
-from ft_core.state_file import PART_SECTIONS
+from ft_core.client.simulated_fault import SimulatedFaultParams
+from ft_core.client.state_file import PART_SECTIONS
 from ptl_resiliency._base import GracefulStopOption, PathLike, _FaultToleranceCallbackBase
 from ptl_resiliency._checkpoint_hooks import KIND_FINALIZE, KIND_SAVE, uses_async_checkpointing
 from ptl_resiliency._lightning import pl
@@ -60,8 +60,8 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
     the end of the run, each once the run has the data for it: ``step`` after 16 training
     iterations, ``checkpointing`` once a save was seen (never with an asynchronous checkpoint
     IO, whose section durations vary too much between runs), ``setup`` and out-of-section only
-    in a run that loaded a checkpoint. The rules are :mod:`ft_core.sections_policy`'s, the same
-    as :mod:`ft_core.integration`'s. Rank 0 writes them to ``<exp_dir>/_ft_state.json`` and the
+    in a run that loaded a checkpoint. The rules are :mod:`ft_core.client.sections_policy`'s, the same
+    as :mod:`ft_core.client.integration`'s. Rank 0 writes them to ``<exp_dir>/_ft_state.json`` and the
     next run starts with them.
 
     Failures: ``exc_handling_policy(exception)`` may return a

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorServer
-from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.wire.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 from tests.launcher_util import live_descendants
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

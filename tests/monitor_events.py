@@ -11,7 +11,7 @@ import selectors
 import time
 import weakref
 
-from ft_core.monitor_link import MonitorLink
+from ft_core.monitor.link import MonitorLink
 
 _pending: weakref.WeakKeyDictionary[MonitorLink, list[dict]] = weakref.WeakKeyDictionary()
 

@@ -27,7 +27,7 @@ import struct
 import sys
 import time
 
-SLOT_MAGIC = 0x46545331  # ft_core.progress_slot.MAGIC
+SLOT_MAGIC = 0x46545331  # ft_core.wire.progress_slot.MAGIC
 
 
 def say(**fields) -> None:

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ft_core.atomic import atomic_write_bytes, atomic_write_text
+from ft_core.wire.atomic import atomic_write_bytes, atomic_write_text
 
 from . import add_fault_options, check_args, is_first_cycle, setup_logging, simulated_fault_params
 

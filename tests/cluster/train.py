@@ -9,7 +9,7 @@ per event in ``<run-dir>/timeline/<node>.jsonl`` (all "nodes" share this machine
   "back in the process group"), with the step it resumes from;
 - ``saved``: a checkpoint was written (rank 0);
 - ``stopped``: a stop signal (SIGUSR1 or SIGTERM: a time limit's warning, a preemption) made every
-  rank agree on a step (``ft_core.graceful_stop``, the coordinated graceful stop), save and stop;
+  rank agree on a step (``ft_core.client.graceful_stop``, the coordinated graceful stop), save and stop;
 - ``done``: the last step ran; rank 0 then creates the finished flag of ``autoresume.sh``.
 
 Faults it can play (the node faults are injected from outside, by the tests):
@@ -34,9 +34,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ft_core import RankMonitorClient
-from ft_core.atomic import atomic_write_bytes, atomic_write_text
-from ft_core.collectives import TorchDistributedCollectives
-from ft_core.graceful_stop import GracefulStop, GracefulStopConfig
+from ft_core.wire.atomic import atomic_write_bytes, atomic_write_text
+from ft_core.client.collectives import TorchDistributedCollectives
+from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
 
 NODE = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 

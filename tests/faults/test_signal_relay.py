@@ -47,7 +47,7 @@ def allow_core_dumps() -> None:
 def test_a_segfaulting_warm_worker_keeps_its_core_dump_and_the_trampoline_adds_none(run_dir, tmp_path):
     socket_path = os.path.join(run_dir, "warm.sock")
     template = subprocess.Popen(
-        [sys.executable, str(REPO / "launcher" / "zygote.py"), "--socket", socket_path,
+        [sys.executable, str(REPO / "launcher" / "warm" / "zygote.py"), "--socket", socket_path,
          "--parent-pid", str(os.getpid()), "--preload", ""],
         stdin=subprocess.DEVNULL, preexec_fn=allow_core_dumps,
     )
@@ -57,7 +57,7 @@ def test_a_segfaulting_warm_worker_keeps_its_core_dump_and_the_trampoline_adds_n
             assert template.poll() is None and time.monotonic() < deadline, "the warm template did not start"
             time.sleep(0.02)
         trampoline = subprocess.run(
-            [sys.executable, "-I", "-S", str(REPO / "launcher" / "trampoline.py"), "-c", SEGFAULT],
+            [sys.executable, "-I", "-S", str(REPO / "launcher" / "warm" / "trampoline.py"), "-c", SEGFAULT],
             env={**os.environ, "FT_WARM_TEMPLATE_SOCKET": socket_path}, cwd=tmp_path,
             capture_output=True, text=True, timeout=60, preexec_fn=allow_core_dumps,
         )

@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError
-from ft_core.atomic import atomic_write_text
-from ft_core.config import ConfigError
-from ft_core.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.wire.atomic import atomic_write_text
+from ft_core.wire.config import ConfigError
+from ft_core.wire.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 from tests.launcher_util import run_launcher
 
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "faults_worker.py")
@@ -132,7 +132,7 @@ def test_an_unknown_ft_param_is_a_usage_error(capsys):
 def test_a_log_level_without_a_name_reaches_a_monitor(run_dir):
     # 15 has no name; ft_launcher hands monitors their config as JSON, which they must parse back
     # (it used to go as "Level 15" and every monitor refused to start).
-    from ft_core.monitor_process import MonitorProcess
+    from ft_core.monitor.process import MonitorProcess
 
     monitor = MonitorProcess.start(FaultToleranceConfig(log_level=15), os.path.join(run_dir, "m.sock"))
     try:
@@ -216,7 +216,7 @@ def trainer():
 def test_a_truncated_state_file_is_ignored_with_a_warning_and_kept(trainer, tmp_path, caplog):
     import logging
 
-    from ft_core.state_file import PART_HEARTBEATS, StateFile
+    from ft_core.client.state_file import PART_HEARTBEATS, StateFile
     from ptl_resiliency._collectives import StrategyCollectives
 
     client = RankMonitorClient()
@@ -236,7 +236,7 @@ FAILING_WRITE = """
 import resource, signal, sys
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))  # the disk is "full" after 64 bytes
-from ft_core.atomic import atomic_write_text
+from ft_core.wire.atomic import atomic_write_text
 try:
     atomic_write_text(sys.argv[1], "new" * 1000)
 except OSError as err:

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from ft_core import FaultToleranceConfig, protocol
-from ft_core.monitor_link import MonitorLink
+from ft_core import FaultToleranceConfig
+
+from ft_core.wire import protocol
+from ft_core.monitor.link import MonitorLink
 from tests.launcher_util import (
     events_of,
     live_descendants,

@@ -139,7 +139,7 @@ def test_sigterm_without_graceful_stop_does_not_count_as_completed_training(tmp_
     assert "training did not complete" in out
 
 
-# ---------------------------------------------------------------------- ft_core.integration
+# ---------------------------------------------------------------------- ft_core.client.integration
 
 
 def test_a_signal_to_one_rank_of_a_loop_stops_both_after_the_same_step_and_the_next_run_resumes_there(tmp_path):

@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 
-from ft_core import FaultToleranceConfig, RankMonitorClientError, protocol
-from ft_core.config import ConfigError
-from ft_core.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.monitor_link import MonitorLink
-from ft_core.simulated_fault import SimulatedFaultParams, plan_simulated_fault
+from ft_core import FaultToleranceConfig, RankMonitorClientError
+
+from ft_core.wire import protocol
+from ft_core.wire.config import ConfigError
+from ft_core.wire.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.monitor.link import MonitorLink
+from ft_core.client.simulated_fault import SimulatedFaultParams, plan_simulated_fault
 from tests.monitor_events import received, wait_event
 
 WORKERS = Path(__file__).resolve().parents[1] / "workers"
@@ -419,7 +421,7 @@ SECTION_HANGS = [
     pytest.param("checkpointing", {"where": "checkpoint", "save": 2}, "section", "checkpointing",
                  id="checkpointing"),
     pytest.param(None, {"where": "epoch_end"}, "out_of_section", None, id="out-of-section"),
-    # The first batch is a warm-up batch, out of any section (as in ft_core.integration).
+    # The first batch is a warm-up batch, out of any section (as in ft_core.client.integration).
     pytest.param(None, {"where": "step", "step": 0}, "out_of_section", None, id="warm-up-step"),
 ]
 
@@ -526,12 +528,12 @@ def test_section_timeouts_are_calculated_after_16_iterations_and_enforced_next_r
     assert event["timeout"] == pytest.approx(sections["section"]["step"])
 
 
-# ---------------------------------------------------------------------- the rules shared with ft_core.integration
+# ---------------------------------------------------------------------- the rules shared with ft_core.client.integration
 
 
 def test_warm_up_batches_are_out_of_section(monitor, train, tmp_path):
     # The first batch of the run and the first of each validation run (the sanity check's
-    # included) are not wrapped in 'step', as in ft_core.integration (seed 004).
+    # included) are not wrapped in 'step', as in ft_core.client.integration (seed 004).
     monitor(fixed_cfg("sections"))
     train({"callback": "sections", "root": str(tmp_path), "max_steps": 4, "limit_val_batches": 3,
            "val_check_interval": 2, "num_sanity_val_steps": 2, "record_sections": True})
@@ -550,7 +552,7 @@ def test_warm_up_batches_are_out_of_section(monitor, train, tmp_path):
 def test_asynchronous_checkpointing_leaves_the_checkpointing_timeout_alone(monitor, spawn_trainer, tmp_path):
     # With an asynchronous checkpoint IO the section's duration varies too much between runs
     # (a save may finish in the background or be waited for): it is not calculated, as after an
-    # asynchronous finalisation in ft_core.integration.
+    # asynchronous finalisation in ft_core.client.integration.
     mon = monitor(fixed_cfg("sections", safety_factor=10.0))
     proc = spawn_trainer({"callback": "sections", "root": str(tmp_path), "max_steps": 20, "ckpt_every": 5,
                           "async_ckpt": True, "cb": {"calculate_timeouts": True}}, mon)
@@ -695,7 +697,7 @@ def test_one_fault_tolerance_callback_per_trainer(monitor, train, tmp_path):
 
 
 def test_ft_core_simulated_fault_does_not_import_torch():
-    code = "import sys, ft_core.simulated_fault; print('torch' in sys.modules)"
+    code = "import sys, ft_core.client.simulated_fault; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
 

@@ -1,4 +1,4 @@
-"""ft_core.integration under a real ft_launcher: 2 ranks with gloo on CPU, real monitors.
+"""ft_core.client.integration under a real ft_launcher: 2 ranks with gloo on CPU, real monitors.
 
 The worker (tests/workers/integration_train.py) is a loop that all-reduces every step, so a rank
 that hangs makes the other wait, as in DDP.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ft_core.integration import STATE_FILE_NAME
+from ft_core.client.integration import STATE_FILE_NAME
 from tests.launcher_util import events_of, read_events, run_launcher
 
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "integration_train.py")

@@ -15,9 +15,11 @@ import time
 
 import pytest
 
-from ft_core import FaultToleranceConfig, RankMonitorServer, protocol
-from ft_core.config import Role
-from ft_core.monitor_link import MonitorLink
+from ft_core import FaultToleranceConfig, RankMonitorServer
+
+from ft_core.wire import protocol
+from ft_core.wire.config import Role
+from ft_core.monitor.link import MonitorLink
 from tests.monitor_events import received, wait_event
 from tests.other_user import as_nobody
 
@@ -323,7 +325,7 @@ def test_client_keeps_training_when_the_monitor_dies(monitored):
 _FAKE_LAUNCHER = """
 import json, os, subprocess, sys, time
 from ft_core import FaultToleranceConfig, RankMonitorServer
-from ft_core.monitor_link import MonitorLink
+from ft_core.monitor.link import MonitorLink
 path = sys.argv[1]
 handle = RankMonitorServer.run_in_subprocess(FaultToleranceConfig(), path)
 link = MonitorLink(path)
@@ -359,7 +361,7 @@ def test_monitor_stops_the_worker_and_exits_when_the_launcher_is_killed(run_dir)
 _LAUNCHER_DYING_RIGHT_AFTER_REPORTING = """
 import json, os, signal, subprocess, sys
 from ft_core import FaultToleranceConfig, RankMonitorServer
-from ft_core.monitor_link import MonitorLink
+from ft_core.monitor.link import MonitorLink
 path = sys.argv[1]
 handle = RankMonitorServer.run_in_subprocess(FaultToleranceConfig(), path)
 worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
@@ -423,8 +425,8 @@ def test_monitor_never_imports_torch(monitored, tmp_path, monkeypatch):
 
 
 def test_importing_ft_core_does_not_import_torch():
-    code = ("import sys, ft_core, ft_core.rank_monitor_client, ft_core.rank_monitor_server, ft_core.integration, "
-            "ft_core.simulated_fault, ft_core.monitor_cli, ft_core.monitor_process, ft_core.deadlines; "
+    code = ("import sys, ft_core, ft_core.client.rank_monitor_client, ft_core.monitor.server, ft_core.client.integration, "
+            "ft_core.client.simulated_fault, ft_core.monitor.cli, ft_core.monitor.process, ft_core.monitor.deadlines; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

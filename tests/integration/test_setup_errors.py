@@ -1,6 +1,6 @@
 """Don't burn allocations: a setup error no restart can fix stops the job (real ft_launcher runs).
 
-Our ``ConfigError`` in a Lightning callback or in ``ft_core.integration`` becomes a
+Our ``ConfigError`` in a Lightning callback or in ``ft_core.client.integration`` becomes a
 ``ShutdownWorkload`` request: no restart although ``--max-restarts`` allows them, exit code 64
 (which autoresume.sh does not requeue), and the error's message in the launcher's failure line.
 A missing training script is a usage error (exit 2) before anything starts; autoresume.sh stops
@@ -50,7 +50,7 @@ def test_a_config_error_in_a_lightning_callback_stops_the_job(tmp_path):
 
 INTEGRATION_SCRIPT = """
 import sys
-from ft_core.integration import FaultToleranceIntegration
+from ft_core.client.integration import FaultToleranceIntegration
 
 FaultToleranceIntegration().setup(checkpoint_dir=sys.argv[1])
 """
@@ -58,7 +58,7 @@ FaultToleranceIntegration().setup(checkpoint_dir=sys.argv[1])
 
 def test_a_config_error_in_the_loop_integration_stops_the_job(tmp_path):
     # ft_launcher's default config (finite initial heartbeat timeout, no sections) cannot serve
-    # ft_core.integration, which sends no heartbeats: whichever check fails first stops the job.
+    # ft_core.client.integration, which sends no heartbeats: whichever check fails first stops the job.
     script = tmp_path / "loop.py"
     script.write_text(INTEGRATION_SCRIPT)
     events = tmp_path / "events.jsonl"
@@ -69,7 +69,7 @@ def test_a_config_error_in_the_loop_integration_stops_the_job(tmp_path):
     assert len(events_of(records, "cycle_start")) == 1
     requests = events_of(records, "control_request")
     assert requests and all(r["action"] == "ShutdownWorkload" for r in requests)
-    assert requests[0]["description"].startswith("ConfigError: ft_core.integration: "), requests[0]["description"]
+    assert requests[0]["description"].startswith("ConfigError: ft_core.client.integration: "), requests[0]["description"]
 
 
 def test_autoresume_stops_after_one_attempt_on_a_missing_script(tmp_path):
@@ -93,8 +93,8 @@ def test_autoresume_stops_after_one_attempt_on_a_missing_script(tmp_path):
 def test_the_setup_error_helpers_never_raise_without_a_launcher(monkeypatch):
     import logging
 
-    from ft_core.config import ConfigError
-    from ft_core.run_errors import record_error_for_launcher, stop_job_for_setup_error
+    from ft_core.wire.config import ConfigError
+    from ft_core.client.run_errors import record_error_for_launcher, stop_job_for_setup_error
 
     monkeypatch.delenv("FT_LAUNCHER_IPC_SOCKET", raising=False)
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)

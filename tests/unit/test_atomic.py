@@ -1,4 +1,4 @@
-"""ft_core.atomic with real writer processes: a writer killed half-way leaves a temporary file,
+"""ft_core.wire.atomic with real writer processes: a writer killed half-way leaves a temporary file,
 the next write removes it, and a live writer's temporary file is never touched.
 
 The writer is a real process running ``atomic_write_text``; its ``os.fsync`` waits for the test
@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-from ft_core.atomic import STALE_AFTER, atomic_write_text
+from ft_core.wire.atomic import STALE_AFTER, atomic_write_text
 
 WRITER = (
     "import os, sys\n"
-    "from ft_core.atomic import atomic_write_text\n"
+    "from ft_core.wire.atomic import atomic_write_text\n"
     "real_fsync = os.fsync\n"
     "def paused_fsync(fd):\n"
     "    print('in fsync', flush=True)\n"

@@ -2,8 +2,8 @@
 
 import pytest
 
-from ft_core import client_state
-from ft_core.data import HeartbeatTimeouts, SectionTimeouts
+from ft_core.client import state as client_state
+from ft_core.wire.data import HeartbeatTimeouts, SectionTimeouts
 
 CONFIGURED = SectionTimeouts(section={"setup": 600.0, "step": 60.0}, out_of_section=300.0)
 

@@ -8,8 +8,10 @@ import stat
 
 import pytest
 
-from ft_core import ConfigError, FaultToleranceConfig, protocol
-from ft_core.config import Role, parse_cli_value
+from ft_core import ConfigError, FaultToleranceConfig
+
+from ft_core.wire import protocol
+from ft_core.wire.config import Role, parse_cli_value
 
 
 def test_defaults_match_the_documented_values():

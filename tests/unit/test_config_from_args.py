@@ -3,7 +3,7 @@
 ``FaultToleranceConfig.from_args`` takes ``launcher.get_args_parser()``'s namespace (file, then
 ``--ft-*`` options winning); an empty file with options runs with the options; a missing file is
 an error unless ``--ft-ignore-missing-cfg``. The reference's options for features we lack are
-judged by value (ft_core.reference_options). Real parser, real files; the end-to-end runs are in
+judged by value (ft_core.wire.reference_options). Real parser, real files; the end-to-end runs are in
 tests/integration/test_launcher_compat.py.
 """
 
@@ -15,8 +15,8 @@ import logging
 import pytest
 
 from ft_core import FaultToleranceConfig
-from ft_core.config import ConfigError
-from ft_core.reference_options import REFERENCE_ONLY_OPTIONS
+from ft_core.wire.config import ConfigError
+from ft_core.wire.reference_options import REFERENCE_ONLY_OPTIONS
 from launcher import agent, get_args_parser
 from launcher.cli import DEFAULT_WORKERS_STOP_TIMEOUT, LauncherOptions
 

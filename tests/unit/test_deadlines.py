@@ -1,4 +1,4 @@
-"""The rank monitor's deadline rules (ft_core.deadlines), without a monitor process."""
+"""The rank monitor's deadline rules (ft_core.monitor.deadlines), without a monitor process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ft_core.deadlines import (
+from ft_core.monitor.deadlines import (
     MIN_LOOK_AGAIN,
     SECTIONS_ARE_NOT_HEARTBEATS,
     Deadline,

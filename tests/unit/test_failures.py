@@ -13,7 +13,7 @@ import signal
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ft_core.deadlines import HangKind
+from ft_core.monitor.deadlines import HangKind
 from launcher.events import EventLog
 from launcher.failures import (
     KIND_UNHEALTHY,

@@ -1,11 +1,11 @@
-"""The argument checks every front end shares (ft_core.front_end): one wording everywhere."""
+"""The argument checks every front end shares (ft_core.client.front_end): one wording everywhere."""
 
 import pathlib
 
 import pytest
 
-from ft_core.front_end import require_bool, require_path
-from ft_core.integration import FaultToleranceIntegration
+from ft_core.client.front_end import require_bool, require_path
+from ft_core.client.integration import FaultToleranceIntegration
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
@@ -29,7 +29,7 @@ def test_every_front_end_words_a_bad_flag_alike(tmp_path):
     from ptl_resiliency import FaultToleranceCallback, FaultToleranceSectionsCallback
 
     attempts = {
-        "ft_core.integration.setup": lambda: FaultToleranceIntegration().setup(tmp_path, calculate_timeouts="yes"),
+        "ft_core.client.integration.setup": lambda: FaultToleranceIntegration().setup(tmp_path, calculate_timeouts="yes"),
         "FaultToleranceCallback": lambda: FaultToleranceCallback(False, calculate_timeouts="yes"),
         "FaultToleranceSectionsCallback": lambda: FaultToleranceSectionsCallback(False, calculate_timeouts="yes"),
     }
@@ -39,5 +39,5 @@ def test_every_front_end_words_a_bad_flag_alike(tmp_path):
         assert str(err.value) == f"{owner}: calculate_timeouts must be True or False, got 'yes'"
     with pytest.raises(ValueError, match=r"^FaultToleranceCallback: exp_dir must be a path or None, got 5$"):
         FaultToleranceCallback(False, False, exp_dir=5)
-    with pytest.raises(ValueError, match=r"^ft_core.integration.setup: checkpoint_dir must be a path, got 5$"):
+    with pytest.raises(ValueError, match=r"^ft_core.client.integration.setup: checkpoint_dir must be a path, got 5$"):
         FaultToleranceIntegration().setup(5)

@@ -15,11 +15,11 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ft_core import protocol
-from ft_core.config import ConfigError, FaultToleranceConfig, parse_cli_value
-from ft_core.data import HeartbeatTimeouts, SectionTimeouts, WorkloadAction, WorkloadControlRequest
-from ft_core.errors import ProtocolError, RankMonitorClientError
-from ft_core.rank_monitor_client import RankMonitorClient
+from ft_core.wire import protocol
+from ft_core.wire.config import ConfigError, FaultToleranceConfig, parse_cli_value
+from ft_core.wire.data import HeartbeatTimeouts, SectionTimeouts, WorkloadAction, WorkloadControlRequest
+from ft_core.wire.errors import ProtocolError, RankMonitorClientError
+from ft_core.client.rank_monitor_client import RankMonitorClient
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

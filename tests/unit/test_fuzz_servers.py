@@ -21,14 +21,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ft_core import FaultToleranceConfig, protocol
-from ft_core.monitor_link import MonitorLink
+from ft_core import FaultToleranceConfig
+
+from ft_core.wire import protocol
+from ft_core.monitor.link import MonitorLink
 from launcher.control_server import ControlServer
 
 LIVE = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-ZYGOTE = Path(__file__).resolve().parents[2] / "launcher" / "zygote.py"
-TRAMPOLINE = Path(__file__).resolve().parents[2] / "launcher" / "trampoline.py"
+ZYGOTE = Path(__file__).resolve().parents[2] / "launcher" / "warm" / "zygote.py"
+TRAMPOLINE = Path(__file__).resolve().parents[2] / "launcher" / "warm" / "trampoline.py"
 REPLY_TIMEOUT = 5.0
 
 # Edge values first: zero, negatives, ints beyond float range (JSON has no limit), NaN, infinities.

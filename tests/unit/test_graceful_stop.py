@@ -1,4 +1,4 @@
-"""ft_core.graceful_stop in one process: real signals to this process, the default collectives
+"""ft_core.client.graceful_stop in one process: real signals to this process, the default collectives
 (one process, no process group: a MAX is the value itself), a clock the test moves."""
 
 from __future__ import annotations
@@ -9,16 +9,16 @@ import threading
 
 import pytest
 
-from ft_core.collectives import default_collectives
-from ft_core.config import ConfigError
-from ft_core.errors import GracefulStopExit
-from ft_core.graceful_stop import (
+from ft_core.client.collectives import default_collectives
+from ft_core.wire.config import ConfigError
+from ft_core.wire.errors import GracefulStopExit
+from ft_core.client.graceful_stop import (
     DEFAULT_SIGNALS,
     MAX_INTERVAL_STEPS,
     GracefulStop,
     GracefulStopConfig,
 )
-from ft_core.sections_policy import (
+from ft_core.client.sections_policy import (
     final_update_refusal,
     is_clean_exit,
     is_graceful_stop,

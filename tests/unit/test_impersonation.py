@@ -19,16 +19,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from ft_core import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError, protocol
-from ft_core.config import Role
-from ft_core.data import WorkloadAction, WorkloadControlRequest
-from ft_core.env import (
+from ft_core import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError
+
+from ft_core.wire import protocol
+from ft_core.wire.config import Role
+from ft_core.wire.data import WorkloadAction, WorkloadControlRequest
+from ft_core.wire.env import (
     FT_LAUNCHER_IPC_SOCKET_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
     FT_WARM_TEMPLATE_SOCKET_ENV_VAR,
 )
-from ft_core.monitor_link import MonitorLink
-from launcher import trampoline
+from ft_core.monitor.link import MonitorLink
+from launcher.warm import trampoline
 from tests.other_user import Stranger
 
 pytestmark = pytest.mark.skipif(os.getuid() != 0, reason="needs root to run a stranger as another uid")

@@ -1,4 +1,4 @@
-"""ft_core.integration in one process against a real rank monitor (no process group).
+"""ft_core.client.integration in one process against a real rank monitor (no process group).
 
 The rank is this pytest process, so no monitor here may ever act on a hang: timeouts are long,
 calculated ones are made long too (a huge safety factor: microsecond sections would otherwise
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-import ft_core.integration as ft_integration
+import ft_core.client.integration as ft_integration
 from ft_core import FaultToleranceConfig, RankMonitorClientError
-from ft_core.config import ConfigError
-from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.integration import FaultToleranceIntegration
+from ft_core.wire.config import ConfigError
+from ft_core.wire.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.client.integration import FaultToleranceIntegration
 from tests.conftest import HARMLESS_TERMINATION
 
 LONG = 600.0
@@ -277,7 +277,7 @@ def test_async_finalization_does_not_count_as_a_save(monitor, ft, tmp_path, capl
     save(ft, is_async_finalization=True)
     assert not (tmp_path / ft_integration.STATE_FILE_NAME).exists()
     run_steps(ft, ft_integration.MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE)
-    with caplog.at_level(logging.INFO, logger="ft_core.integration"):
+    with caplog.at_level(logging.INFO, logger="ft_core.client.integration"):
         save(ft)
     # The checkpointing section mixes saves and asynchronous finalisations: not calculated.
     assert read_state(tmp_path)["section_timeouts"]["calculated_sections"] == ["step"]
@@ -347,7 +347,7 @@ def test_saved_timeouts_are_loaded_by_the_next_setup_that_calculates(monitor, ft
 def test_a_bad_state_file_is_ignored_with_a_warning(monitor, ft, tmp_path, caplog, content, message):
     (tmp_path / ft_integration.STATE_FILE_NAME).write_bytes(content)
     monitor()
-    with caplog.at_level(logging.WARNING, logger="ft_core.integration"):
+    with caplog.at_level(logging.WARNING, logger="ft_core.client.integration"):
         ft.setup(tmp_path, calculate_timeouts=True)
     assert ft.client.section_timeouts.section == SECTIONS
     assert message in caplog.text and "ignoring fault tolerance state file" in caplog.text
@@ -359,7 +359,7 @@ def test_an_unwritable_state_file_is_logged_and_training_goes_on(monitor, ft, tm
     monitor()
     ft.setup(blocker, calculate_timeouts=True)
     run_steps(ft, 2)
-    with caplog.at_level(logging.ERROR, logger="ft_core.integration"):
+    with caplog.at_level(logging.ERROR, logger="ft_core.client.integration"):
         save(ft)
     assert "cannot save calculated timeouts" in caplog.text
     assert ft.client.section_timeouts.calculated_sections == {"checkpointing"}
@@ -409,6 +409,6 @@ def test_module_functions_drive_the_default_instance(monitor, tmp_path):
 
 
 def test_importing_the_integration_does_not_import_torch():
-    code = "import sys, ft_core.integration; print('torch' in sys.modules)"
+    code = "import sys, ft_core.client.integration; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "False"

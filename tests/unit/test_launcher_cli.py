@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from ft_core import FaultToleranceConfig
-from ft_core.config import ConfigError
-from ft_core.env import (
+from ft_core.wire.config import ConfigError
+from ft_core.wire.env import (
     FT_LAUNCHER_EVENT_LOG_ENV_VAR,
     FT_LAUNCHER_WARM_RESTARTS_ENV_VAR,
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,

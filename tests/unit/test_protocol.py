@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from ft_core import protocol
-from ft_core.errors import ProtocolError
+from ft_core.wire import protocol
+from ft_core.wire.errors import ProtocolError
 
 
 def test_encode_then_feed_round_trips_in_arbitrary_chunks():

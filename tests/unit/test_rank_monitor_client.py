@@ -12,8 +12,8 @@ import time
 import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError
-from ft_core.config import MIN_CALCULATED_DEFAULTS
-from ft_core.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.wire.config import MIN_CALCULATED_DEFAULTS
+from ft_core.wire.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 
 SECTIONS = {"setup": 600.0, "step": 600.0}
 # Small minimums of calculated timeouts, so that the tests below see the calculation itself.
@@ -168,7 +168,7 @@ def connect(start_monitor, monkeypatch, harmless_termination, **cfg) -> RankMoni
 
 def in_force_lines(caplog, level: str = "INFO") -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "ft_core.rank_monitor_client" and r.levelname == level
+            if r.name == "ft_core.client.rank_monitor_client" and r.levelname == level
             and r.getMessage().startswith(("heartbeat timeouts in force", "section timeouts in force"))]
 
 

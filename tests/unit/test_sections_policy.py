@@ -1,4 +1,4 @@
-"""ft_core.sections_policy as tables: events in, sections and timeouts decisions out.
+"""ft_core.client.sections_policy as tables: events in, sections and timeouts decisions out.
 
 Pure code: no monitor, no client, no torch. Each table row is a run written as a list of events;
 the test replays it and compares what the policy answered with what the rules say.
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ft_core import sections_policy
-from ft_core.config import ConfigError
-from ft_core.sections_policy import (
+from ft_core.client import sections_policy
+from ft_core.wire.config import ConfigError
+from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_HB_TIMEOUTS,
     MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
     HeartbeatsFacts,
@@ -309,7 +309,7 @@ def test_heartbeats_config_check(initial, subsequent, oos, calculate, message):
 def test_the_policy_is_pure():
     # Importing any ft_core module imports the package (and its client), so the check is on the
     # module's own imports: the standard library's typing helpers, ConfigError and the graceful
-    # stop's exception class (ft_core.errors holds only exception classes), nothing else.
+    # stop's exception class (ft_core.wire.errors holds only exception classes), nothing else.
     tree = ast.parse(Path(sections_policy.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
@@ -317,4 +317,4 @@ def test_the_policy_is_pure():
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported == {"__future__", "collections.abc", "typing", "ft_core.config", "ft_core.errors"}
+    assert imported == {"__future__", "collections.abc", "typing", "ft_core.wire.config", "ft_core.wire.errors"}

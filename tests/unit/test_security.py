@@ -23,14 +23,14 @@ from pathlib import Path
 
 import pytest
 
-from ft_core import protocol
+from ft_core.wire import protocol
 from launcher.control_server import ControlServer
 from tests.other_user import as_nobody
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("ft_core", "launcher", "ptl_resiliency")
-ZYGOTE = REPO / "launcher" / "zygote.py"
-TRAMPOLINE = REPO / "launcher" / "trampoline.py"
+ZYGOTE = REPO / "launcher" / "warm" / "zygote.py"
+TRAMPOLINE = REPO / "launcher" / "warm" / "trampoline.py"
 needs_root = pytest.mark.skipif(os.getuid() != 0, reason="needs root to switch to another uid")
 
 def request_frame(action: str = "shutdown_workload") -> bytes:
@@ -258,8 +258,8 @@ FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
 ALLOWED = {
     # The warm template runs the *user's own training script* (the trampoline's argv), exactly as
     # `python script.py` would; only this launcher's children, same uid, may ask (security.md).
-    ("launcher/zygote.py", "runpy.run_path"),
-    ("launcher/zygote.py", "runpy.run_module"),
+    ("launcher/warm/zygote.py", "runpy.run_path"),
+    ("launcher/warm/zygote.py", "runpy.run_module"),
 }
 
 

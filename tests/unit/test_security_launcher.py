@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ft_core import protocol
+from ft_core.wire import protocol
 from tests.launcher_util import events_of, read_events, start_launcher, wait_for
 from tests.other_user import as_nobody
 from tests.unit.test_security import request_frame

@@ -1,4 +1,4 @@
-"""Stack capture (ft_core.stacks) on real processes, and how dumps are read.
+"""Stack capture (ft_core.wire.stacks) on real processes, and how dumps are read.
 
 py-spy and the client's faulthandler fallback each read a real Python process that is sleeping,
 stopped (SIGSTOP) or busy in a C call holding the GIL. The non-root path runs the rank and the
@@ -18,15 +18,15 @@ import threading
 
 import pytest
 
-from ft_core import stacks
-from ft_core.config import ConfigError, FaultToleranceConfig
-from ft_core.progress_slot import ProgressSlot
+from ft_core.wire import stacks
+from ft_core.wire.config import ConfigError, FaultToleranceConfig
+from ft_core.wire.progress_slot import ProgressSlot
 
 # A process that registers the client's dump handler (as init does), prints the memfd number,
 # then blocks as told inside a function whose name the stack must show.
 TARGET = textwrap.dedent("""
     import ctypes, os, signal, sys, time
-    from ft_core.stacks import DumpHandler
+    from ft_core.wire.stacks import DumpHandler
     handler = DumpHandler.install()
     def blocked_sleeping():
         time.sleep(60)
@@ -132,11 +132,11 @@ def test_the_non_root_path_as_nobody(tmp_path):
     code = textwrap.dedent(f"""
         import json, os, subprocess, sys, time
         os.setgid(65534); os.setuid(65534)
-        from ft_core import stacks
-        from ft_core.osutil import allow_tracer
+        from ft_core.wire import stacks
+        from ft_core.wire.osutil import allow_tracer
         rank = subprocess.Popen([sys.executable, "-c",
             "import os, sys, time\\n"
-            "from ft_core.osutil import allow_tracer\\n"
+            "from ft_core.wire.osutil import allow_tracer\\n"
             "allow_tracer(os.getppid())\\n"
             "def waiting_as_nobody():\\n"
             "    print('ready', flush=True); time.sleep(60)\\n"
@@ -222,7 +222,7 @@ def test_the_slot_carries_the_step():
         assert slot.step() is None
         import struct
 
-        from ft_core.progress_slot import OFF_STEP
+        from ft_core.wire.progress_slot import OFF_STEP
         struct.pack_into("=Q", slot.buffer, OFF_STEP, 62)
         assert slot.step() == 61
     finally:

@@ -1,4 +1,4 @@
-"""ft_core.state_file: reading (bounded, UTF-8, a JSON object, one part), the merge-write that
+"""ft_core.client.state_file: reading (bounded, UTF-8, a JSON object, one part), the merge-write that
 keeps the other front end's timeouts, and the lock that makes it safe between two processes."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from ft_core import RankMonitorClient
-from ft_core.atomic import atomic_write_text
-from ft_core.collectives import default_collectives
-from ft_core.state_file import (
+from ft_core.wire.atomic import atomic_write_text
+from ft_core.client.collectives import default_collectives
+from ft_core.client.state_file import (
     MAX_STATE_FILE_BYTES,
     PART_HEARTBEATS,
     PART_SECTIONS,
@@ -150,7 +150,7 @@ def test_a_file_that_cannot_be_written_is_an_error_line(tmp_path, caplog):
 WRITER = """
 import json, logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(message)s")
-from ft_core.state_file import StateFile
+from ft_core.client.state_file import StateFile
 sys.exit(0 if StateFile(sys.argv[1], sys.argv[2]).save(json.loads(sys.argv[3])) else 1)
 """
 

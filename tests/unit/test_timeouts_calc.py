@@ -14,10 +14,10 @@ from typing import Optional
 
 import pytest
 
-from ft_core.config import MAX_SECONDS
-from ft_core.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
-from ft_core.timeout_bounds import bound_calculated_timeout
-from ft_core.timeouts_calc import UNOBSERVED, TimeoutsCalc, TimeoutsCalcError
+from ft_core.wire.config import MAX_SECONDS
+from ft_core.wire.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
+from ft_core.client.timeout_bounds import bound_calculated_timeout
+from ft_core.client.timeouts_calc import UNOBSERVED, TimeoutsCalc, TimeoutsCalcError
 
 OPEN, CLOSE, CLOSE_ALL = SectionAction.OPEN, SectionAction.CLOSE, SectionAction.CLOSE_ALL
 
@@ -249,7 +249,7 @@ def test_section_timeouts_need_data(selected, calc_oos, message):
 # ---------------------------------------------------------------------- all ranks
 
 class ThreadRanks:
-    """A :class:`~ft_core.collectives.Collectives` over threads of this process, one per rank:
+    """A :class:`~ft_core.client.collectives.Collectives` over threads of this process, one per rank:
     every rank's ``all_max`` waits for all ranks, then returns the element-wise maximum."""
 
     def __init__(self, world_size: int) -> None:

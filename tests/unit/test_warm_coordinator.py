@@ -12,9 +12,9 @@ import time
 import pytest
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 
-from ft_core.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
+from ft_core.wire.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
 from launcher.events import EventLog
-from launcher.warm import TRAMPOLINE, WarmCoordinator, WarmTemplate
+from launcher.warm.coordinator import TRAMPOLINE, WarmCoordinator, WarmTemplate
 
 
 def kinds(events: EventLog) -> list[str]:

@@ -29,7 +29,7 @@ import sys
 import time
 
 from ft_core import RankMonitorClient, WorkloadAction, WorkloadControlRequest
-from ft_core.atomic import atomic_write_text
+from ft_core.wire.atomic import atomic_write_text
 
 WAIT_LIMIT_S = 60.0
 

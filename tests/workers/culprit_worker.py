@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from ft_core import RankMonitorClient
-from ft_core.atomic import atomic_write_text
+from ft_core.wire.atomic import atomic_write_text
 
 
 def freeze_here() -> None:

@@ -65,7 +65,7 @@ import threading  # noqa: E402
 import time  # noqa: E402
 
 from ft_core import RankMonitorClient  # noqa: E402
-from ft_core.atomic import atomic_write_text  # noqa: E402
+from ft_core.wire.atomic import atomic_write_text  # noqa: E402
 
 FAULT_STEP = 2
 CYCLE = int(os.environ.get("FT_LAUNCHER_CYCLE", "-1"))

@@ -13,7 +13,7 @@ import sys
 import time
 
 from ft_core import RankMonitorClient, WorkloadAction, WorkloadControlRequest
-from ft_core.atomic import atomic_write_text
+from ft_core.wire.atomic import atomic_write_text
 
 
 def matches(selected_rank, selected_cycle, rank, cycle):

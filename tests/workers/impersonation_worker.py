@@ -12,8 +12,8 @@ import sys
 import time
 
 from ft_core import RankMonitorClient
-from ft_core.atomic import atomic_write_text
-from ft_core.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.wire.atomic import atomic_write_text
+from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
 
 out_dir, trigger = sys.argv[1], sys.argv[2]
 cycle, rank = os.environ["FT_LAUNCHER_CYCLE"], os.environ["RANK"]

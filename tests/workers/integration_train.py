@@ -1,4 +1,4 @@
-"""A 2-rank training loop driven by ft_core.integration, configured by JSON, for tests.
+"""A 2-rank training loop driven by ft_core.client.integration, configured by JSON, for tests.
 
 ``python integration_train.py '<json config>'`` under ft_launcher (gloo on CPU). Each step
 all-reduces a tensor, so ranks wait for each other as in DDP.
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import ft_core.integration as ft_integration
-from ft_core.atomic import atomic_write_text
+import ft_core.client.integration as ft_integration
+from ft_core.wire.atomic import atomic_write_text
 
 HANG_SECONDS = 600.0
 

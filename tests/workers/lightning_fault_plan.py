@@ -13,7 +13,7 @@ import sys
 
 import torch.distributed as dist
 
-from ft_core.simulated_fault import plan_simulated_fault
+from ft_core.client.simulated_fault import plan_simulated_fault
 
 
 def main() -> int:

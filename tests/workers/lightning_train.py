@@ -203,7 +203,7 @@ class Report(Callback):
 
     def _emit(self, op: str, trainer: Trainer) -> None:
         client = self.ft.client if self.ft is not None else None
-        try:  # a warm-started worker is a child of the launcher's warm template (launcher/zygote.py)
+        try:  # a warm-started worker is a child of the launcher's warm template (launcher/warm/zygote.py)
             parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             parent = ""

@@ -4,7 +4,7 @@
 
 * autoresume attempt 1, cycle 0: rank 1 stops heartbeating (its monitor finds the hang);
 * attempt 1, cycle 1: rank 0 raises ``ValueError("bad batch 7")``, recorded for the launcher as
-  a front end does (``ft_core.run_errors.record_error_for_launcher``), and exits 1;
+  a front end does (``ft_core.client.run_errors.record_error_for_launcher``), and exits 1;
 * attempt 2: both ranks finish; rank 0 creates the finished flag.
 
 Standard library and ``ft_core`` (torch only to record the error).
@@ -18,8 +18,8 @@ import sys
 import time
 
 from ft_core import RankMonitorClient
-from ft_core.atomic import atomic_write_text
-from ft_core.run_errors import record_error_for_launcher
+from ft_core.wire.atomic import atomic_write_text
+from ft_core.client.run_errors import record_error_for_launcher
 
 
 def main() -> int:

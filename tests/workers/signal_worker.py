@@ -28,7 +28,7 @@ import sys
 import time
 
 from ft_core import RankMonitorClient
-from ft_core.atomic import atomic_write_text
+from ft_core.wire.atomic import atomic_write_text
 
 CYCLE = int(os.environ.get("FT_LAUNCHER_CYCLE", "-1"))
 RANK = int(os.environ.get("RANK", "-1"))

@@ -12,7 +12,7 @@ import time
 import torch.distributed as dist
 
 from ft_core import RankMonitorClient
-from ft_core.atomic import atomic_write_text
+from ft_core.wire.atomic import atomic_write_text
 
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo")

@@ -7,7 +7,7 @@ import sys
 
 import warm_probe_state  # a module next to this script: fresh import state per process
 
-from ft_core.atomic import atomic_write_text
+from ft_core.wire.atomic import atomic_write_text
 
 warm_probe_state.imports.append(os.getpid())
 rank = int(os.environ["RANK"])

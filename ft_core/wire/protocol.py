@@ -14,7 +14,7 @@ The socket primitives every side uses live here: :func:`listen_unix` (bound 0600
 :func:`accept_own_user` (the one accept path of every server: other uids are refused),
 :func:`connect_unix` (the one way a client socket is opened: a server of another uid is refused
 before a byte is sent) and :func:`ensure_socket_dir`. The warm-start trampoline, which must stay
-standard-library only and light, repeats the client's uid check (``launcher/trampoline.py``).
+standard-library only and light, repeats the client's uid check (``launcher/warm/trampoline.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Union
 
-from ft_core.errors import ProtocolError
+from ft_core.wire.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 64 * 1024

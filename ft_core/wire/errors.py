@@ -23,7 +23,7 @@ class GracefulStopExit(SystemExit):
     A ``SystemExit`` with code 0, as Lightning's own ``SIGTERMException``: it leaves the loops at
     once (no validation run, no further step) and, uncaught, the process exits 0. Unlike a plain
     ``SystemExit(0)`` it does not mean that training completed: no finished flag is written. See
-    :mod:`ft_core.graceful_stop`.
+    :mod:`ft_core.client.graceful_stop`.
 
     Attributes:
         stop_step: Lightning's global step the ranks stopped after.

@@ -1,6 +1,6 @@
-"""Carrying out :mod:`ft_core.sections_policy`'s answers on a client: one copy for every front end.
+"""Carrying out :mod:`ft_core.client.sections_policy`'s answers on a client: one copy for every front end.
 
-The policy decides; the front ends (:mod:`ft_core.integration`, the Lightning callbacks) act.
+The policy decides; the front ends (:mod:`ft_core.client.integration`, the Lightning callbacks) act.
 What they do the same way lives here: apply a section change to a
 :class:`~ft_core.RankMonitorClient`, and run a timeouts update (agree with the other ranks, ask
 the policy, calculate, log why not). The per-step hooks apply their answers inline instead of
@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from typing import Union
 
-from ft_core.collectives import Collectives
-from ft_core.rank_monitor_client import RankMonitorClient
-from ft_core.sections_policy import (
+from ft_core.client.collectives import Collectives
+from ft_core.client.rank_monitor_client import RankMonitorClient
+from ft_core.client.sections_policy import (
     HeartbeatsFacts,
     HeartbeatsPolicy,
     SectionChange,

@@ -1,13 +1,13 @@
 """Warm-start trampoline: the process torch starts in place of a Python worker.
 
-It asks the node's warm template (``launcher.zygote``), which has already imported torch, to
+It asks the node's warm template (``launcher.warm.zygote``), which has already imported torch, to
 fork the real worker with this process's arguments, environment, working directory and
 standard streams (passed as file descriptors, so ``--log-dir``, ``-r`` and ``-t`` behave as in
 torchrun). It then stands in for the worker and exits with the worker's exit status
 (re-raising the same signal when the worker was killed by one). If the template cannot be reached
 it ``exec``\\ s the original Python command instead: the plain cold start, same pid, same streams.
 
-Signals: the trampoline blocks the signals of :data:`ft_core.osutil.STEP_SIGNALS` as its first
+Signals: the trampoline blocks the signals of :data:`ft_core.wire.osutil.STEP_SIGNALS` as its first
 act and takes them with ``sigwaitinfo``. It passes one on to the worker's process group only when
 its parent (the launcher, or torch inside it) sent it; a signal from anyone else is dropped: under
 SLURM the step daemon signals every process of the step, so the worker has its own copy already,
@@ -16,17 +16,17 @@ and a relay would make its handler run twice. Once the worker runs, the trampoli
 script finds the worker, which is the process to signal or to attach a debugger to.
 
 Run as a file with ``python -I -S trampoline.py ARGS...``. It stays standard-library only, on
-purpose: it runs once per worker start, and importing ``ft_core.protocol`` (which imports the
+purpose: it runs once per worker start, and importing ``ft_core.wire.protocol`` (which imports the
 ``ft_core`` package) doubled its start time (20 starts on the 2-core dev machine: median 41 ms
-for the standard-library imports alone, 82 ms with ``ft_core.protocol``). So the protocol's
+for the standard-library imports alone, 82 ms with ``ft_core.wire.protocol``). So the protocol's
 small framing (4-byte big-endian length + JSON object), its reply bound, the warm-template
 message names and the socket variable's name are repeated here; ``tests/unit/test_warm_protocol.py``
 checks that each copy equals ft_core's (and that the two ends understand each other). For the
-same reason it has its own copy of the client's uid check (``ft_core.protocol.connect_unix``):
+same reason it has its own copy of the client's uid check (``ft_core.wire.protocol.connect_unix``):
 the template must run as this user, checked with ``SO_PEERCRED`` before the request (which
 carries the whole environment and the standard streams) is sent; another user's socket at the
 path gets one line on stderr and a cold start. The step signals and the process-title code
-(``ft_core.osutil``) are repeated here for the same reason.
+(``ft_core.wire.osutil``) are repeated here for the same reason.
 """
 
 import json
@@ -38,16 +38,16 @@ import sys
 import threading
 
 # Copies of ft_core's names and limits (see the module docstring):
-ZYGOTE_SOCKET_ENV = "FT_WARM_TEMPLATE_SOCKET"  # ft_core.env.FT_WARM_TEMPLATE_SOCKET_ENV_VAR
-MSG_SPAWN = "spawn"  # ft_core.protocol.MSG_SPAWN
-MSG_SPAWNED = "spawned"  # ft_core.protocol.MSG_SPAWNED
-MSG_EXITED = "exited"  # ft_core.protocol.MSG_EXITED
-MAX_REPLY_BYTES = 64 * 1024  # ft_core.protocol.MAX_MESSAGE_BYTES
-MAX_REQUEST_BYTES = 4 * 1024 * 1024  # launcher.zygote.MAX_REQUEST_BYTES
-_HEADER = struct.Struct("!I")  # ft_core.protocol's frame header
-_PEERCRED = struct.Struct("3i")  # ft_core.protocol's SO_PEERCRED layout: pid, uid, gid
+ZYGOTE_SOCKET_ENV = "FT_WARM_TEMPLATE_SOCKET"  # ft_core.wire.env.FT_WARM_TEMPLATE_SOCKET_ENV_VAR
+MSG_SPAWN = "spawn"  # ft_core.wire.protocol.MSG_SPAWN
+MSG_SPAWNED = "spawned"  # ft_core.wire.protocol.MSG_SPAWNED
+MSG_EXITED = "exited"  # ft_core.wire.protocol.MSG_EXITED
+MAX_REPLY_BYTES = 64 * 1024  # ft_core.wire.protocol.MAX_MESSAGE_BYTES
+MAX_REQUEST_BYTES = 4 * 1024 * 1024  # launcher.warm.zygote.MAX_REQUEST_BYTES
+_HEADER = struct.Struct("!I")  # ft_core.wire.protocol's frame header
+_PEERCRED = struct.Struct("3i")  # ft_core.wire.protocol's SO_PEERCRED layout: pid, uid, gid
 
-STEP_SIGNALS = (  # ft_core.osutil.STEP_SIGNALS
+STEP_SIGNALS = (  # ft_core.wire.osutil.STEP_SIGNALS
     signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM,
     signal.SIGTERM, signal.SIGXCPU, signal.SIGXFSZ, signal.SIGVTALRM, signal.SIGPROF, signal.SIGPOLL,
     signal.SIGPWR,
@@ -63,7 +63,7 @@ def _cold_start(python_args: list, mask: set) -> None:
 
 
 def _set_title(title: str) -> None:
-    """ft_core.osutil.set_process_title (see there), best effort."""
+    """ft_core.wire.osutil.set_process_title (see there), best effort."""
     try:
         import ctypes
 

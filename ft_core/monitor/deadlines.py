@@ -1,6 +1,6 @@
 """When is a watched rank hung? The rank monitor's deadline logic, as pure functions.
 
-A rank reports progress into its shared-memory slot (:mod:`ft_core.progress_slot`); the monitor
+A rank reports progress into its shared-memory slot (:mod:`ft_core.wire.progress_slot`); the monitor
 reads the slot (a :class:`SlotReading`) and, with the timeouts it enforces on that rank
 (:class:`RankTimeouts`), asks :func:`check` whether a deadline has passed and, if not, when to
 look again. Nothing here reads a clock, a socket or the slot itself, so every rule is unit-tested
@@ -12,7 +12,7 @@ The deadlines a slot implies:
 - after it: the last heartbeat + the heartbeat timeout. Heartbeats and sections are independent
  : opening or closing a section is not a heartbeat. A sections-only rank under finite
   heartbeat timeouts is therefore stopped once the initial heartbeat timeout has passed; the
-  front ends refuse that configuration up front (:func:`ft_core.sections_policy.sections_config_error`),
+  front ends refuse that configuration up front (:func:`ft_core.client.sections_policy.sections_config_error`),
   the client warns about it (``RankMonitorClient``), and the hang's description says so;
 - each open section: its start + its timeout;
 - with no section open: the time the last one closed (or the connection) + the out-of-section

@@ -3,7 +3,7 @@
 :func:`parse_seconds` is the one validator for durations ("positive finite seconds, or null") used
 by the config, the saved-state reader and the rank monitor's timeout updates. The others parse
 numbers, signals, log levels, choices and section timeout maps, given as their type or as the
-strings of a command line or YAML file. :mod:`ft_core.config` declares which field uses which
+strings of a command line or YAML file. :mod:`ft_core.wire.config` declares which field uses which
 (and re-exports the public names).
 
 Standard library only: the rank monitor uses it.

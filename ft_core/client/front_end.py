@@ -1,9 +1,9 @@
 """What every front end shares besides the policy: argument checks and the client it holds.
 
-The front ends are :class:`ft_core.integration.FaultToleranceIntegration` (a hand-written loop)
+The front ends are :class:`ft_core.client.integration.FaultToleranceIntegration` (a hand-written loop)
 and the two Lightning callbacks (``ptl_resiliency``). The rules they follow are
-:mod:`ft_core.sections_policy`'s and what they do with its answers is
-:mod:`ft_core.policy_actions`'; this module holds the rest they do alike: checking their
+:mod:`ft_core.client.sections_policy`'s and what they do with its answers is
+:mod:`ft_core.client.policy_actions`'; this module holds the rest they do alike: checking their
 arguments (one wording for every front end: ``<owner>: <name> must be ..., got <value>``) and
 :class:`FrontEnd`, the base that holds the connected client and the state file.
 """
@@ -14,10 +14,10 @@ import logging
 import os
 from typing import Any, Optional, Union
 
-from ft_core.errors import RankMonitorClientError
-from ft_core.rank_monitor_client import RankMonitorClient
-from ft_core.state_file import StateFile
-from ft_core.timeout_bounds import (
+from ft_core.wire.errors import RankMonitorClientError
+from ft_core.client.rank_monitor_client import RankMonitorClient
+from ft_core.client.state_file import StateFile
+from ft_core.client.timeout_bounds import (
     Snapshot,
     heartbeat_snapshot,
     section_snapshot,

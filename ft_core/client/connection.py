@@ -5,7 +5,7 @@ monitor's socket: connect, the handshake (``init`` -> ``init_ok`` with the effec
 the section names and the memfd of the shared progress slot), the liveness probe, control
 round trips (one at a time) and closing, also in a forked child. :func:`send_to_launcher` is
 the one-shot request on the launcher's control socket. Both open their sockets with
-:func:`ft_core.protocol.connect_unix`; nothing else in a rank opens one.
+:func:`ft_core.wire.protocol.connect_unix`; nothing else in a rank opens one.
 
 The hot path (heartbeats, sections) never touches a socket: it writes into the slot.
 
@@ -17,8 +17,8 @@ started the rank, the config it would have received is in ``FT_RANK_CONFIG``, so
 one warning and goes on unwatched with the same sections and collectives as its peers.
 
 Evidence for hang reports: at the handshake the rank registers a faulthandler signal writing to
-a memfd and sends the memfd along with ``init`` (:class:`ft_core.stacks.DumpHandler`), and allows
-its monitor to trace it under Yama (:func:`ft_core.osutil.allow_tracer`), so the monitor can read
+a memfd and sends the memfd along with ``init`` (:class:`ft_core.wire.stacks.DumpHandler`), and allows
+its monitor to trace it under Yama (:func:`ft_core.wire.osutil.allow_tracer`), so the monitor can read
 its stacks with py-spy or the signal before it stops a hung rank.
 """
 
@@ -33,13 +33,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Union
 
-from ft_core import protocol
-from ft_core.config import ConfigError, FaultToleranceConfig, Role
-from ft_core.env import FT_RANK_CONFIG_ENV_VAR
-from ft_core.errors import ProtocolError, RankMonitorClientError
-from ft_core.osutil import allow_tracer
-from ft_core.progress_slot import ProgressSlot
-from ft_core.stacks import DumpHandler
+from ft_core.wire import protocol
+from ft_core.wire.config import ConfigError, FaultToleranceConfig, Role
+from ft_core.wire.env import FT_RANK_CONFIG_ENV_VAR
+from ft_core.wire.errors import ProtocolError, RankMonitorClientError
+from ft_core.wire.osutil import allow_tracer
+from ft_core.wire.progress_slot import ProgressSlot
+from ft_core.wire.stacks import DumpHandler
 
 CONNECT_TIMEOUT = 30.0
 REPLY_TIMEOUT = 10.0

@@ -1,6 +1,6 @@
 """The sections-and-timeouts policy: one set of rules for every fault tolerance front end.
 
-The loop integration (:mod:`ft_core.integration`) and the Lightning callbacks
+The loop integration (:mod:`ft_core.client.integration`) and the Lightning callbacks
 (:mod:`ptl_resiliency`) feed a policy what happened in the training run and do what it answers:
 open and close sections on their client, agree with the other ranks, calculate timeouts. This
 module is pure: no I/O, no torch, no client; its decisions can be tested as tables.
@@ -49,8 +49,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
-from ft_core.config import ConfigError
-from ft_core.errors import GracefulStopExit
+from ft_core.wire.config import ConfigError
+from ft_core.wire.errors import GracefulStopExit
 
 SECTION_SETUP = "setup"
 SECTION_STEP = "step"
@@ -436,7 +436,7 @@ class HeartbeatsPolicy:
 
 
 def is_graceful_stop(exception: Optional[BaseException]) -> bool:
-    """True for :class:`~ft_core.graceful_stop.GracefulStopExit`: every rank agreed to stop after
+    """True for :class:`~ft_core.client.graceful_stop.GracefulStopExit`: every rank agreed to stop after
     the same step and saved a checkpoint; training did not complete."""
     return isinstance(exception, GracefulStopExit)
 
@@ -489,7 +489,7 @@ def sections_config_error(
     """The reason a sections front end cannot work with the monitor's timeouts, or None.
 
     Args:
-        who: Names the front end in the message (e.g. ``"ft_core.integration"``).
+        who: Names the front end in the message (e.g. ``"ft_core.client.integration"``).
         section_timeouts: The configured ``rank_section_timeouts`` (None: infinite).
         out_of_section: The configured ``rank_out_of_section_timeout``.
         calculate_timeouts: Infinite timeouts are acceptable when they are to be calculated.
@@ -498,7 +498,7 @@ def sections_config_error(
             heartbeats, so a finite one would stop the rank when it passes.
 
     Returns:
-        A :class:`~ft_core.config.ConfigError` naming what is missing or infinite, or None.
+        A :class:`~ft_core.wire.config.ConfigError` naming what is missing or infinite, or None.
     """
     if initial_heartbeat is not None:
         return ConfigError(

@@ -1,11 +1,11 @@
 """How a calculated timeout is bounded before a monitor enforces it, and how timeouts read in logs.
 
 A calculated timeout is ``safety_factor`` times the longest interval any rank observed, merged
-with the previous calculated value (:mod:`ft_core.timeouts_calc`, pure arithmetic). Before the
+with the previous calculated value (:mod:`ft_core.client.timeouts_calc`, pure arithmetic). Before the
 client sends it to its monitor it is raised to the minimum of its kind, a config field each
 (``min_calculated_initial_heartbeat_timeout``, ``min_calculated_heartbeat_timeout``,
 ``min_calculated_section_timeout``, ``min_calculated_out_of_section_timeout``), and capped at
-:data:`~ft_core.config.MAX_SECONDS`. The same bounds apply to calculated timeouts restored from a
+:data:`~ft_core.wire.config.MAX_SECONDS`. The same bounds apply to calculated timeouts restored from a
 state file, which an earlier version or a run with other minimums may have written. Configured
 timeouts are never changed: they are what the user asked for.
 
@@ -13,7 +13,7 @@ Our monitor acts at the deadline (the reference looks every few seconds), so a t
 timeout really fires: a 2 ms step gives a 10 ms ``step`` timeout with ``safety_factor`` 5, which a
 garbage collection pause crosses. The minimums keep a healthy rank alive through GC pauses, a
 slow first step after a resume, a data-loader stall, or an evaluation or checkpoint of unusual
-length on a busy node; their defaults are :data:`~ft_core.config.MIN_CALCULATED_DEFAULTS`.
+length on a busy node; their defaults are :data:`~ft_core.wire.config.MIN_CALCULATED_DEFAULTS`.
 
 For logs: :func:`describe_heartbeat_timeouts` and :func:`describe_section_timeouts` state each
 timeout in force and where it comes from (``configured``, ``calculated``, or ``calculated 0.31 s,
@@ -29,8 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ft_core.config import MAX_SECONDS, MIN_CALCULATED_DEFAULTS
-from ft_core.data import HeartbeatTimeouts, SectionTimeouts
+from ft_core.wire.config import MAX_SECONDS, MIN_CALCULATED_DEFAULTS
+from ft_core.wire.data import HeartbeatTimeouts, SectionTimeouts
 
 OUT_OF_SECTION = "out-of-section"
 """How logs name the out-of-section timeout."""
@@ -66,7 +66,7 @@ class CalculatedMinimums:
 
 def bound_calculated_timeout(seconds: float, minimum: float) -> float:
     """A calculated timeout as a monitor may enforce it: at least ``minimum``, at most
-    :data:`~ft_core.config.MAX_SECONDS` (the largest timeout a config or state file accepts)."""
+    :data:`~ft_core.wire.config.MAX_SECONDS` (the largest timeout a config or state file accepts)."""
     return min(max(seconds, minimum), MAX_SECONDS)
 
 
@@ -226,7 +226,7 @@ class InForceLog:
     rank after a calculation); the other ranks log it at DEBUG.
 
     Args:
-        log: A :class:`~ft_core.ranklog.RankLoggerAdapter` (its ``rank_zero_info`` is used).
+        log: A :class:`~ft_core.client.ranklog.RankLoggerAdapter` (its ``rank_zero_info`` is used).
         minimums: For the "raised to the minimum" words.
     """
 

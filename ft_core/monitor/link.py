@@ -14,8 +14,8 @@ import contextlib
 import socket
 from typing import Any
 
-from ft_core import protocol
-from ft_core.errors import ProtocolError
+from ft_core.wire import protocol
+from ft_core.wire.errors import ProtocolError
 
 CONNECT_TIMEOUT = 10.0
 

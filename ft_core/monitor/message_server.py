@@ -1,7 +1,7 @@
 """A single-threaded message server on a private Unix socket (the rank monitor's I/O layer).
 
 It accepts connections from processes of this user only (``SO_PEERCRED``), at most
-``max_connections`` at a time, reads length-prefixed JSON messages (:mod:`ft_core.protocol`)
+``max_connections`` at a time, reads length-prefixed JSON messages (:mod:`ft_core.wire.protocol`)
 without ever blocking on a peer, and sends replies, optionally with file descriptors. What the
 messages mean is up to its owner, which gets two callbacks: ``on_message(conn, message)`` and
 ``on_close(conn, reason)``. A malformed message drops that connection, never the server.
@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ft_core import protocol
-from ft_core.errors import ProtocolError
-from ft_core.osutil import drain, wakeup_pair
+from ft_core.wire import protocol
+from ft_core.wire.errors import ProtocolError
+from ft_core.wire.osutil import drain, wakeup_pair
 
 logger = logging.getLogger(__name__)
 

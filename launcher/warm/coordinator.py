@@ -1,7 +1,7 @@
-"""Warm restarts: the launcher's handle on the node's warm template (see :mod:`launcher.zygote`).
+"""Warm restarts: the launcher's handle on the node's warm template (see :mod:`launcher.warm.zygote`).
 
 With warm restarts on (the default for Python entry points), every worker is started through
-:mod:`launcher.trampoline`, which has the template fork the real worker with torch already
+:mod:`launcher.warm.trampoline`, which has the template fork the real worker with torch already
 imported; a restart then costs a fork instead of an interpreter start and ``import torch``.
 
 The template's own imports take seconds of CPU. Started together with a cycle's workers, it would
@@ -27,15 +27,15 @@ import sys
 import time
 from typing import Any
 
-from ft_core.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
-from ft_core.osutil import signals_blocked
+from ft_core.wire.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
+from ft_core.wire.osutil import signals_blocked
 from launcher.events import EventLog
 
 logger = logging.getLogger(__name__)
 
-LAUNCHER_DIR = os.path.dirname(os.path.abspath(__file__))
-TRAMPOLINE = os.path.join(LAUNCHER_DIR, "trampoline.py")
-ZYGOTE = os.path.join(LAUNCHER_DIR, "zygote.py")
+WARM_DIR = os.path.dirname(os.path.abspath(__file__))
+TRAMPOLINE = os.path.join(WARM_DIR, "trampoline.py")
+ZYGOTE = os.path.join(WARM_DIR, "zygote.py")
 STOP_TIMEOUT = 5.0
 DEFAULT_PRELOAD = ("torch", "torch.distributed")
 """What the template imports unless ``--warm-preload`` says otherwise."""

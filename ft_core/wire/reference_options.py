@@ -7,10 +7,10 @@ option here is accepted where the reference accepts it (``ft_launcher`` option, 
 
 - a value that leaves the feature off, or only tunes it, is harmless: accepted, with one warning
   line saying that it is ignored and why;
-- a value that asks for the feature is a :class:`~ft_core.config_values.ConfigError` naming the
+- a value that asks for the feature is a :class:`~ft_core.wire.config_values.ConfigError` naming the
   option and the feature, so nobody believes a check runs that does not.
 
-None of them is a field of :class:`~ft_core.config.FaultToleranceConfig`. Standard library only
+None of them is a field of :class:`~ft_core.wire.config.FaultToleranceConfig`. Standard library only
 (the config module, which the rank monitor imports, uses this one).
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ft_core.config_values import ConfigError, parse_choice, parse_number, short_repr
+from ft_core.wire.config_values import ConfigError, parse_choice, parse_number, short_repr
 
 logger = logging.getLogger(__name__)
 

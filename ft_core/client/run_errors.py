@@ -1,6 +1,6 @@
 """What a front end tells ``ft_launcher`` when the run fails in a rank.
 
-* A setup error that no restart can fix (our :class:`~ft_core.config.ConfigError`: a missing
+* A setup error that no restart can fix (our :class:`~ft_core.wire.config.ConfigError`: a missing
   ``FAULT_TOL_FINISHED_FLAG_FILE``, a config the front end cannot work with, two callbacks)
   becomes a ``ShutdownWorkload`` request: the launcher stops every node without restarting and
   exits 64, so ``scripts/autoresume.sh`` stops too instead of burning the allocation on attempts
@@ -10,7 +10,7 @@
   exists already; the launcher's failure line then carries the exception's summary line
   (``ValueError: ...``) even when the training script has no ``@record``.
 
-Both are used by the Lightning callbacks (``ptl_resiliency``) and :mod:`ft_core.integration`;
+Both are used by the Lightning callbacks (``ptl_resiliency``) and :mod:`ft_core.client.integration`;
 neither ever raises (the user's exception comes first).
 """
 
@@ -20,10 +20,10 @@ import logging
 import os
 from typing import Union
 
-from ft_core.config import ConfigError
-from ft_core.data import WorkloadAction, WorkloadControlRequest
-from ft_core.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
-from ft_core.errors import RankMonitorClientError
+from ft_core.wire.config import ConfigError
+from ft_core.wire.data import WorkloadAction, WorkloadControlRequest
+from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
+from ft_core.wire.errors import RankMonitorClientError
 
 Logger = Union[logging.Logger, logging.LoggerAdapter]
 
@@ -52,7 +52,7 @@ def stop_job_for_setup_error(exception: BaseException, log: Logger) -> bool:
     """
     if not is_unfixable_setup_error(exception) or not os.environ.get(FT_LAUNCHER_IPC_SOCKET_ENV_VAR):
         return False
-    from ft_core.rank_monitor_client import RankMonitorClient
+    from ft_core.client.rank_monitor_client import RankMonitorClient
 
     description = f"{type(exception).__name__}: {exception}"[:MAX_DESCRIPTION_CHARS]
     request = WorkloadControlRequest(WorkloadAction.ShutdownWorkload, description)

@@ -1,6 +1,6 @@
 """Starting rank monitors as processes, and the handle the launcher keeps for each.
 
-:class:`MonitorProcess` starts ``python -m ft_core.monitor_cli`` (a fresh interpreter that
+:class:`MonitorProcess` starts ``python -m ft_core.monitor.cli`` (a fresh interpreter that
 imports nothing heavy) and waits, through a pipe, until it listens. It offers the
 ``multiprocessing.Process`` interface (``pid``, ``is_alive``, ``join``, ``terminate``, ``kill``,
 ``exitcode``), as does the ``multiprocessing`` shim :func:`start_with_multiprocessing`, which
@@ -22,14 +22,14 @@ import subprocess
 import sys
 from typing import Any
 
-from ft_core.config import FaultToleranceConfig, Role
-from ft_core.rank_monitor_server import RankMonitorServer
+from ft_core.wire.config import FaultToleranceConfig, Role
+from ft_core.monitor.server import RankMonitorServer
 
-CLI_MODULE = "ft_core.monitor_cli"
+CLI_MODULE = "ft_core.monitor.cli"
 
 
 class MonitorProcess:
-    """A monitor running as ``python -m ft_core.monitor_cli``, with the ``Process`` interface."""
+    """A monitor running as ``python -m ft_core.monitor.cli``, with the ``Process`` interface."""
 
     def __init__(self, popen: subprocess.Popen[bytes], socket_path: str) -> None:
         self._popen = popen
@@ -60,7 +60,7 @@ class MonitorProcess:
             cfg: Configuration; the process receives ``cfg.sent_to(Role.MONITOR)``.
             socket_path: Where the monitor listens.
             is_restarter_logger: See :class:`RankMonitorServer`.
-            extra_args: More ``ft_core.monitor_cli`` options (``--name``, ``--cleanup-dir``).
+            extra_args: More ``ft_core.monitor.cli`` options (``--name``, ``--cleanup-dir``).
         """
         read_fd, write_fd = os.pipe()
         args = [
@@ -74,7 +74,7 @@ class MonitorProcess:
             args.append("--restarter-logger")
         args += extra_args or []
         env = dict(os.environ)
-        package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         try:
             popen = subprocess.Popen(

@@ -32,7 +32,7 @@ collective, and a checkpoint written from inside a signal handler can deadlock o
 :meth:`~GracefulStop.uninstall` puts back the handlers it replaced, unless someone else has
 installed another one since.
 
-Standard library only; collectives go through :class:`~ft_core.collectives.Collectives`.
+Standard library only; collectives go through :class:`~ft_core.client.collectives.Collectives`.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
-from ft_core.collectives import Collectives
-from ft_core.config_values import ConfigError, parse_seconds, parse_signal
-from ft_core.errors import GracefulStopExit
-from ft_core.osutil import in_main_thread
+from ft_core.client.collectives import Collectives
+from ft_core.wire.config_values import ConfigError, parse_seconds, parse_signal
+from ft_core.wire.errors import GracefulStopExit
+from ft_core.wire.osutil import in_main_thread
 
 __all__ = [
     "DEFAULT_CHECK_INTERVAL", "DEFAULT_SIGNALS", "STOP_SIGNALS", "GracefulStop", "GracefulStopConfig",

@@ -4,7 +4,7 @@ A session starts with the rank's ``init`` message (:meth:`RankSession.open`: a f
 slot, the configured timeouts) and ends when the rank shuts monitoring down, disconnects or
 exits. While it lasts the rank may change its timeouts (:meth:`RankSession.apply_update`); the
 monitor reads the slot (:meth:`RankSession.read_slot`) to check its deadlines
-(:mod:`ft_core.deadlines`).
+(:mod:`ft_core.monitor.deadlines`).
 
 Standard library only: the rank monitor uses it.
 """
@@ -19,13 +19,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ft_core import deadlines, protocol, stacks
-from ft_core.config import ConfigError, FaultToleranceConfig, parse_seconds
-from ft_core.errors import ProtocolError
-from ft_core.message_server import Connection
-from ft_core.procfs import read_stat
-from ft_core.progress_slot import ProgressSlot
-from ft_core.stacks import StackTarget
+from ft_core.monitor import deadlines
+
+from ft_core.wire import protocol, stacks
+from ft_core.wire.config import ConfigError, FaultToleranceConfig, parse_seconds
+from ft_core.wire.errors import ProtocolError
+from ft_core.monitor.message_server import Connection
+from ft_core.wire.procfs import read_stat
+from ft_core.wire.progress_slot import ProgressSlot
+from ft_core.wire.stacks import StackTarget
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +137,7 @@ class RankSession:
         return {"rank": self.info.get("rank"), "local_rank": self.info.get("local_rank"), "pid": self.pid}
 
     def capture_stacks(self, budget: float, stacks_dir: str | None, context: str, file_prefix: str) -> dict[str, Any]:
-        """Capture the rank's stacks within ``budget`` s (see :func:`ft_core.stacks.capture`).
+        """Capture the rank's stacks within ``budget`` s (see :func:`ft_core.wire.stacks.capture`).
 
         With ``stacks_dir`` the whole dump goes to a file there (its header names the rank and
         ``context``); without, into the monitor's log. Returns the ``stack_file``,

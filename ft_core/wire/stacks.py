@@ -8,7 +8,7 @@ Two ways to read a rank's stacks (all threads), tried in this order within a tim
    in C code holding the GIL. A stopped rank (SIGSTOP) is read with ``--nonblocking``: py-spy
    cannot suspend a stopped process, and a stopped process needs no suspending. The rank must
    allow the monitor to trace it where the Yama LSM restricts ptrace (``ptrace_scope`` 1): the
-   client calls ``prctl(PR_SET_PTRACER, monitor_pid)`` at init (:func:`ft_core.osutil.allow_tracer`),
+   client calls ``prctl(PR_SET_PTRACER, monitor_pid)`` at init (:func:`ft_core.wire.osutil.allow_tracer`),
    which also covers py-spy as the monitor's child.
 2. **faulthandler**, the fallback: at init the client registers
    ``faulthandler.register(DUMP_SIGNAL, file=<memfd>, all_threads=True)`` and passes the memfd to
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from ft_core.env import FT_PY_SPY_ENV_VAR
+from ft_core.wire.env import FT_PY_SPY_ENV_VAR
 
 DUMP_SIGNAL = signal.SIGRTMIN + 6
 """The signal the client's faulthandler listens on. A real-time signal nothing else in a
@@ -315,7 +315,7 @@ _INSTALLED = re.compile(r"[/\\](site|dist)-packages[/\\]")
 def _library_dirs() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     found = {paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
-    found.add(os.path.dirname(os.path.abspath(__file__)))  # ft_core itself
+    found.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # ft_core itself
     return tuple(os.path.join(os.path.realpath(p), "") for p in found if p)
 
 

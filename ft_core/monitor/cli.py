@@ -1,6 +1,6 @@
-"""Command line of one rank monitor: ``python -m ft_core.monitor_cli --socket PATH ...``.
+"""Command line of one rank monitor: ``python -m ft_core.monitor.cli --socket PATH ...``.
 
-Normally started by ``ft_launcher`` through :class:`ft_core.monitor_process.MonitorProcess`,
+Normally started by ``ft_launcher`` through :class:`ft_core.monitor.process.MonitorProcess`,
 which passes the monitor's part of the config as JSON (``--config-json``) and a pipe to report
 readiness on (``--ready-fd``). Standard library only, like the monitor itself.
 """
@@ -13,10 +13,10 @@ import json
 import os
 import sys
 
-from ft_core.config import ConfigError, FaultToleranceConfig, Role
-from ft_core.rank_monitor_server import RankMonitorServer, configure_logging
+from ft_core.wire.config import ConfigError, FaultToleranceConfig, Role
+from ft_core.monitor.server import RankMonitorServer, configure_logging
 
-PROG = "python -m ft_core.monitor_cli"
+PROG = "python -m ft_core.monitor.cli"
 
 
 def build_arg_parser() -> argparse.ArgumentParser:

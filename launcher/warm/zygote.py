@@ -2,8 +2,8 @@
 
 Most of a restart is a new worker's interpreter start and ``import torch`` (seconds on a CPU
 machine, tens of seconds on a GPU cluster). The launcher starts this template once a cycle's workers are
-up (see :class:`launcher.warm.WarmCoordinator`); it imports the heavy modules (never initialising CUDA or a process group), listens on a Unix socket
-in the launcher's private run directory, and for each request from a :mod:`launcher.trampoline`
+up (see :class:`launcher.warm.coordinator.WarmCoordinator`); it imports the heavy modules (never initialising CUDA or a process group), listens on a Unix socket
+in the launcher's private run directory, and for each request from a :mod:`launcher.warm.trampoline`
 forks a worker that looks like a freshly started ``python [-u] script.py ARGS`` (or ``-m mod``):
 
 - its own session and process group (like torchrun's workers), SIGKILLed if the template dies;
@@ -22,19 +22,19 @@ trampoline goes away first (torch SIGKILLed it), the template kills that worker'
 fork is also reported to the launcher (``--ready-fd``: one JSON line per worker, written before
 the trampoline learns the pid), so that the launcher logs and signals the worker's own pid.
 
-Signals: the template keeps every signal of :data:`ft_core.osutil.STEP_SIGNALS` blocked (the
+Signals: the template keeps every signal of :data:`ft_core.wire.osutil.STEP_SIGNALS` blocked (the
 launcher starts it so) and reads them with ``sigwaitinfo``: a job-wide signal (SLURM's step
 daemon signals every process of a step) neither kills it nor makes it touch its workers, which
 got the signal themselves. It leaves only when its launcher tells it (SIGTERM sent by the
 launcher, its parent) or is gone.
 
-The socket layer is ft_core's (:mod:`ft_core.protocol`: 0600 bind, peer uid/pid check, bounded
+The socket layer is ft_core's (:mod:`ft_core.wire.protocol`: 0600 bind, peer uid/pid check, bounded
 length-prefixed JSON with the ``MSG_SPAWN``/``MSG_SPAWNED``/``MSG_EXITED`` messages;
-:mod:`ft_core.osutil` for the parent-death signal and the process title; :mod:`ft_core.procfs`
+:mod:`ft_core.wire.osutil` for the parent-death signal and the process title; :mod:`ft_core.wire.procfs`
 for parent pids). The template runs with the launcher's interpreter and site-packages, so ft_core
 is importable; its import costs about 30 ms here, nothing beside torch's seconds.
 
-Run: ``python launcher/zygote.py --socket PATH --parent-pid PID --preload mod,mod [--ready-fd N]
+Run: ``python launcher/warm/zygote.py --socket PATH --parent-pid PID --preload mod,mod [--ready-fd N]
 [--title-space PADDING]``.
 """
 
@@ -58,21 +58,21 @@ import threading
 import time
 import traceback
 
-from ft_core import protocol
-from ft_core.errors import ProtocolError
-from ft_core.osutil import (
+from ft_core.wire import protocol
+from ft_core.wire.errors import ProtocolError
+from ft_core.wire.osutil import (
     STEP_SIGNALS,
     drain,
     set_parent_death_signal,
     set_process_title,
     wakeup_pair,
 )
-from ft_core.procfs import parent_pid
+from ft_core.wire.procfs import parent_pid
 
 logger = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
-"""Bound of a spawn request: larger than :data:`ft_core.protocol.MAX_MESSAGE_BYTES` because it
+"""Bound of a spawn request: larger than :data:`ft_core.wire.protocol.MAX_MESSAGE_BYTES` because it
 carries the worker's whole environment (SLURM sets many variables). Replies use the protocol's
 bound. The trampoline keeps a copy (checked by ``tests/unit/test_warm_protocol.py``)."""
 MAX_REQUEST_FDS = 3  # stdin, stdout, stderr
@@ -227,7 +227,7 @@ class Zygote:
         self.workers[pid] = pending
         if self.report_fd is not None:
             # Before the trampoline hears of it: once the stand-in shows its new title, the
-            # launcher finds this line (see launcher.warm.WarmCoordinator.resolve_workers).
+            # launcher finds this line (see launcher.warm.coordinator.WarmCoordinator.resolve_workers).
             with contextlib.suppress(OSError):
                 os.write(self.report_fd, (json.dumps({"spawned": pid, "stand_in": pending.peer_pid}) + "\n").encode())
         with contextlib.suppress(OSError):

@@ -24,7 +24,7 @@ signals that terminate (or dump core) by default, except SIGKILL (cannot be hand
 SIGTRAP, SIGSYS, SIGABRT). SLURM delivers a step signal to every process of the step; the helper
 processes of the launcher (monitors, warm template, trampolines, sentinel) keep these blocked so
 that none of them dies of one (see docs/launcher.md, "Signals"). Real-time signals are not
-covered. ``launcher/trampoline.py`` keeps a copy (checked by ``tests/unit/test_warm_protocol.py``)."""
+covered. ``launcher/warm/trampoline.py`` keeps a copy (checked by ``tests/unit/test_warm_protocol.py``)."""
 
 
 def _prctl(option: int, value: int) -> bool:

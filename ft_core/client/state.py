@@ -2,11 +2,11 @@
 
 Pure functions over plain values: the client's state is its calculated timeouts, as
 ``{"version": 1, "hb_timeouts": {...}, "section_timeouts": {...}}`` (the fields of
-:class:`~ft_core.data.HeartbeatTimeouts` and :class:`~ft_core.data.SectionTimeouts`). A state
+:class:`~ft_core.wire.data.HeartbeatTimeouts` and :class:`~ft_core.wire.data.SectionTimeouts`). A state
 saved by the reference's client, ``{"current_timeouts": {"heartbeat": ..., "section": ...}}``,
 is read too. Only calculated timeouts are restored: configured ones come from the config.
 
-Where the state is stored between runs is :mod:`ft_core.state_file`'s concern.
+Where the state is stored between runs is :mod:`ft_core.client.state_file`'s concern.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any, NamedTuple, Optional
 
-from ft_core.data import HeartbeatTimeouts, SectionTimeouts
+from ft_core.wire.data import HeartbeatTimeouts, SectionTimeouts
 
 STATE_DICT_VERSION = 1
 HB_TIMEOUTS_KEY = "hb_timeouts"

@@ -5,7 +5,7 @@ Rank 0 of a run that calculated timeouts writes the client's ``state_dict()`` to
 starts with those timeouts. One module for every front end:
 
 * **Read**: rank 0 reads the file (at most :data:`MAX_STATE_FILE_BYTES`, UTF-8, a JSON object)
-  and broadcasts the text through a :class:`~ft_core.collectives.Collectives`, so every rank
+  and broadcasts the text through a :class:`~ft_core.client.collectives.Collectives`, so every rank
   starts from the same timeouts even when the file is on a node-local disk. A file that cannot
   be used is one WARNING and "configured timeouts are used", never an error.
 * **Parts**: a heartbeat front end uses only the file's ``hb_timeouts``, a sections front end
@@ -15,7 +15,7 @@ starts with those timeouts. One module for every front end:
   them.
 * **Write**: read-merge-write under a lock (``filelock``, ``<file>.lock`` next to the file), so
   that two processes that update different parts at the same time both keep theirs; the write
-  itself is atomic (:mod:`ft_core.atomic`). Where the filesystem cannot lock, the file is
+  itself is atomic (:mod:`ft_core.wire.atomic`). Where the filesystem cannot lock, the file is
   written without the lock, with a warning. A file that cannot be written is an ERROR line;
   the run goes on with its timeouts.
 """
@@ -29,10 +29,10 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, Protocol, Union
 
-from ft_core.atomic import atomic_write_text
-from ft_core.client_state import HB_TIMEOUTS_KEY, SECTION_TIMEOUTS_KEY
-from ft_core.collectives import Collectives
-from ft_core.errors import RankMonitorClientError
+from ft_core.wire.atomic import atomic_write_text
+from ft_core.client.state import HB_TIMEOUTS_KEY, SECTION_TIMEOUTS_KEY
+from ft_core.client.collectives import Collectives
+from ft_core.wire.errors import RankMonitorClientError
 
 STATE_FILE_NAME = "_ft_state.json"
 """The file's name in its directory."""
