@@ -121,6 +121,20 @@ def test_a_failing_py_spy_falls_back_to_faulthandler(target, monkeypatch, tmp_pa
 SYSTEM_PYTHON = "/usr/bin/python3"  # readable by nobody (a python under /root may not be)
 
 
+def _world_readable_copy_of_ft_core() -> str:
+    """A fresh 0755 directory under /tmp holding a copy of the ``ft_core`` package."""
+    import tempfile
+
+    where = tempfile.mkdtemp(prefix="ptlr-nobody-", dir="/tmp")
+    shutil.copytree(os.path.join(ROOT, "ft_core"), os.path.join(where, "ft_core"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for folder, dirs, files in os.walk(where):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+    return where
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to run the rank and the capture as nobody")
 @pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="no system python for nobody")
 def test_the_non_root_path_as_nobody(tmp_path):
@@ -128,7 +142,11 @@ def test_the_non_root_path_as_nobody(tmp_path):
     tracer with PR_SET_PTRACER, as the client does for its monitor."""
     if stacks.find_py_spy() is None:
         pytest.skip("py-spy is not installed")
-    py_spy = stacks.find_py_spy()
+    # nobody may not reach the checkout or the venv (a clone under a 0700 directory, pytest's own
+    # 0700 tmp root): the code and py-spy it runs are copied into a world-readable directory.
+    readable = _world_readable_copy_of_ft_core()
+    py_spy = os.path.join(readable, "py-spy")
+    shutil.copy2(stacks.find_py_spy(), py_spy)
     code = textwrap.dedent(f"""
         import json, os, subprocess, sys, time
         os.setgid(65534); os.setuid(65534)
@@ -148,8 +166,11 @@ def test_the_non_root_path_as_nobody(tmp_path):
         print(json.dumps({{"uid": os.getuid(), "method": result.method, "frames": result.frames,
                           "error": result.error}}))
     """)
-    out = subprocess.run([SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": ROOT}, cwd="/")
+    try:
+        out = subprocess.run([SYSTEM_PYTHON, "-c", code], capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "PYTHONPATH": readable}, cwd="/")
+    finally:
+        shutil.rmtree(readable)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["uid"] == 65534
