@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ft_core.wire.config_values import ConfigError, parse_seconds
+
 logger = logging.getLogger(__name__)
 
 POLL_INTERVAL_KEY = "poll_interval"
@@ -33,6 +35,9 @@ TORCH_POLL_SECONDS = 1
 """The delay torch's executor asks for between two polls (the one this module shortens)."""
 MIN_POLL_INTERVAL = 0.1
 MAX_POLL_INTERVAL = 1.0
+MIN_ACCEPTED_POLL_INTERVAL = 0.01
+"""The smallest ``poll_interval`` accepted from ``--rdzv-conf`` (the default is at least
+:data:`MIN_POLL_INTERVAL`)."""
 NODES_PER_SECOND_OF_POLL = 500
 
 
@@ -42,18 +47,19 @@ def default_poll_interval(max_nodes: int) -> float:
 
 
 def parse_poll_interval(raw: str) -> float:
-    """``poll_interval`` from ``--rdzv-conf``, in seconds.
+    """``poll_interval`` from ``--rdzv-conf``, in seconds (through ft_core's one duration
+    validator, :func:`ft_core.wire.config_values.parse_seconds`; 0 is not "off" here).
 
     Raises:
         ValueError: Not a number from 0.01 to 1 (the message names the key and echoes the value).
     """
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0.01 <= value <= MAX_POLL_INTERVAL:
+        value = parse_seconds(POLL_INTERVAL_KEY, raw, allow_none=False, minimum=MIN_ACCEPTED_POLL_INTERVAL,
+                              maximum=MAX_POLL_INTERVAL)
+    except ConfigError:
         raise ValueError(f"invalid rendezvous configuration: {POLL_INTERVAL_KEY}={raw!r} "
-                         f"(seconds from 0.01 to {MAX_POLL_INTERVAL:g})")
+                         f"(seconds from {MIN_ACCEPTED_POLL_INTERVAL:g} to {MAX_POLL_INTERVAL:g})") from None
+    assert value is not None  # allow_none=False
     return value
 
 

@@ -20,6 +20,12 @@ nothing on; otherwise it sends the signal to each worker's process group itself 
 signal, as the first step of stopping them). Signals for workers that are not there to take them
 (a restart in progress) are queued (:class:`launcher.processes.WorkerProcesses`).
 
+The process group, not the worker's main process alone, on purpose (graceful-stop signals
+included): a job-wide signal reaches every process of a worker anyway, so both deliveries hit the
+same processes, and a rank behind a wrapper (a shell script that starts python) gets it too. A
+rank's children must survive a stop signal in either case; the graceful stop's handler sees to
+its forked children (DataLoader workers, :mod:`ft_core.client.graceful_stop`).
+
 Mechanics: Python handlers (``SIG_DFL`` would end the launcher) plus ``signal.set_wakeup_fd``,
 whose bytes wake a dispatcher thread even while the main thread is stuck in C code (inside a
 rendezvous, say). The dispatcher decides, counts stop signals, relays, and forces the stop when

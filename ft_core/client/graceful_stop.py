@@ -14,7 +14,19 @@ collective, and a checkpoint written from inside a signal handler can deadlock o
    reaches every process, and the launcher forwards it too) records one stop. The handler that
    was installed before is called after it (the user's own handler keeps working), unless that
    was a default disposition: ``SIG_DFL``, ``SIG_IGN`` or Python's ``KeyboardInterrupt`` handler.
-   In a forked child (a data-loader worker) the handler behaves as if it was never installed.
+   In a forked child (a DataLoader worker, which inherits the handler) the stop is not the
+   child's to take: the handler records nothing and never ends the child; it only calls a
+   user's own handler that was there before. A stop signal reaches loader workers whichever way
+   it comes (SLURM signals every process of the job; ``ft_launcher`` signals each rank's process
+   group), and a loader worker that died of it (SIGUSR1's default action) would fail the rank's
+   next batch ("DataLoader worker ... is killed by signal") before the stop step. The rank ends
+   its children itself when it stops. A child forked while a :class:`GracefulStop` exists but
+   before its :meth:`~GracefulStop.install` (Lightning starts the loader workers of the first
+   epoch before ``on_train_start``, where the callbacks install) gets the same child handler for
+   the stop signals that had their default action (``os.register_at_fork``); a Python handler
+   does not survive ``exec``, so programs a child runs are not affected. Children started with
+   ``spawn`` or ``forkserver`` (or any ``exec``) are fresh interpreters without this handler;
+   docs/lightning.md shows a ``worker_init_fn`` that makes their loader workers ignore the stop.
 2. **An agreement, cheaply.** The front end calls :meth:`~GracefulStop.step_ended` after every
    training step; it counts steps. At steps every rank knows in advance it runs one small
    collective, an all-ranks MAX of ``[signal received, -proposed interval]``: whether any rank got
@@ -40,6 +52,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Union
@@ -71,6 +84,24 @@ MAX_INTERVAL_STEPS = 1_000_000
 
 _DEFAULT_DISPOSITIONS = (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler)
 Handler = Any  # what signal.getsignal returns
+
+_ARMED: weakref.WeakSet[GracefulStop] = weakref.WeakSet()
+"""The stops that protect the children forked now (created, not uninstalled)."""
+_AT_FORK_REGISTERED = False
+
+
+def _protect_forked_child() -> None:
+    # os.register_at_fork's after_in_child: runs in every child forked by os.fork().
+    for stop in list(_ARMED):
+        stop._protect_child()
+
+
+def _arm(stop: GracefulStop) -> None:
+    global _AT_FORK_REGISTERED
+    if not _AT_FORK_REGISTERED:
+        os.register_at_fork(after_in_child=_protect_forked_child)  # cannot be undone: registered once
+        _AT_FORK_REGISTERED = True
+    _ARMED.add(stop)
 
 
 @dataclass(frozen=True)
@@ -168,6 +199,7 @@ class GracefulStop:
         self._pid = os.getpid()
         self._chain: dict[signal.Signals, Handler] = {}  # called after ours: what was there first
         self._replaced: dict[signal.Signals, Handler] = {}  # restored by uninstall
+        _arm(self)  # children forked from now on survive the stop signals (module docstring)
 
     # ------------------------------------------------------------------ signals
 
@@ -200,6 +232,7 @@ class GracefulStop:
         if not in_main_thread():
             return False
         self._pid = os.getpid()
+        _arm(self)  # again after an uninstall
         for sig in self.config.signals:
             current = signal.getsignal(sig)
             if current == self._handle:
@@ -212,6 +245,7 @@ class GracefulStop:
     def uninstall(self) -> None:
         """Restore what :meth:`install` replaced, for each signal still handled by us. Main
         thread only (elsewhere nothing happens); safe to call more than once."""
+        _ARMED.discard(self)
         if not in_main_thread():
             return
         for sig, previous in self._replaced.items():
@@ -223,8 +257,8 @@ class GracefulStop:
         # Runs in the main thread between two bytecodes: record, call the previous handler, and
         # nothing else (no logging, no I/O: the interrupted code may hold their locks).
         sig = signal.Signals(signum)
-        if os.getpid() != self._pid:  # a forked child: as if we had never been installed
-            self._act_as_before(sig, frame)
+        if os.getpid() != self._pid:  # a forked child (see the module docstring)
+            self._in_child(sig, frame)
             return
         self.deliveries += 1
         if self.received is None:
@@ -233,15 +267,21 @@ class GracefulStop:
         if previous not in _DEFAULT_DISPOSITIONS and callable(previous):
             previous(signum, frame)
 
-    def _act_as_before(self, sig: signal.Signals, frame: Any) -> None:
-        previous = self._chain.get(sig, signal.SIG_DFL)
-        if previous in (None, signal.SIG_DFL):
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)  # delivered when this handler returns: the default action
-        elif previous == signal.SIG_IGN:
-            signal.signal(sig, signal.SIG_IGN)
-        elif callable(previous):
-            signal.signal(sig, previous)
+    def _protect_child(self) -> None:
+        """In a child forked before :meth:`install`: the child handler for the stop signals that
+        have their default action (a handler of the user's or a framework's stays)."""
+        if os.getpid() == self._pid or not in_main_thread():
+            return
+        for sig in self.config.signals:
+            if signal.getsignal(sig) in (signal.SIG_DFL, None):
+                signal.signal(sig, self._handle)
+
+    def _in_child(self, sig: signal.Signals, frame: Any) -> None:
+        # The default action would end a DataLoader worker in the middle of the rank's run (the
+        # rank then fails instead of stopping gracefully): a default disposition is ignored here.
+        # A user's own handler still runs, as it would have without ours.
+        previous = self._chain.get(sig)
+        if previous not in _DEFAULT_DISPOSITIONS and callable(previous):
             previous(int(sig), frame)
 
     # ------------------------------------------------------------------ agreement

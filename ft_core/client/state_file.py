@@ -29,9 +29,9 @@ import os
 from collections.abc import Iterator, Mapping
 from typing import Any, Optional, Protocol, Union
 
-from ft_core.wire.atomic import atomic_write_text
-from ft_core.client.state import HB_TIMEOUTS_KEY, SECTION_TIMEOUTS_KEY
 from ft_core.client.collectives import Collectives
+from ft_core.client.state import HB_TIMEOUTS_KEY, SECTION_TIMEOUTS_KEY
+from ft_core.wire.atomic import atomic_write_text
 from ft_core.wire.errors import RankMonitorClientError
 
 STATE_FILE_NAME = "_ft_state.json"
@@ -147,7 +147,7 @@ class StateFile:
         if text is None:
             return None
         try:
-            state = json.loads(text)
+            state = _loads(text)
         except ValueError as err:
             self._log.warning("ignoring fault tolerance state file %s: not valid JSON (%s); configured "
                               "timeouts are used", self.path, err)
@@ -208,7 +208,7 @@ class StateFile:
         if len(data) > MAX_STATE_FILE_BYTES:
             return None
         try:
-            current = json.loads(data.decode("utf-8"))
+            current = _loads(data.decode("utf-8"))
         except ValueError:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
             return None
         return current if isinstance(current, dict) else None
@@ -249,3 +249,19 @@ class StateFile:
             self._log.warning("cannot lock %s (%s); writing %s without the lock", self.lock_path, err, self.path)
             return False
         return True
+
+
+def _loads(text: str) -> Any:
+    """``json.loads(text)``, whose every failure is a ValueError.
+
+    The decoder recurses once per nesting level: a small file of ``[[[[...`` exhausts the
+    interpreter's recursion limit, and the RecursionError would escape every caller that treats a
+    bad file as "not valid JSON" (a state file is anyone's file on a shared disk).
+
+    Raises:
+        ValueError: Not JSON, or JSON nested too deeply to decode.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deeply to decode") from None

@@ -21,6 +21,14 @@ The deadlines a slot implies:
 A timeout update restarts the clocks it affects at the moment of the update (the rank that sent
 it was alive then; a shorter timeout must not be applied to an interval that began before it).
 
+A suspension of the monitor itself restarts every clock when it resumes
+(:meth:`RankTimeouts.restart_clocks`): ``scontrol suspend`` and SLURM's PreemptMode=SUSPEND stop
+every process of the job, the monitor with its rank, and the monotonic clock runs on while they
+are stopped. A rank that could not run is not hung; a monitor that could not run cannot tell
+whether its rank could, so it gives the rank its full timeouts again from the moment it resumed.
+A rank stopped alone (its monitor running) is a hang as before. :func:`was_suspended` is the
+rule that tells a monitor it was stopped.
+
 The look-again rule: the slot can also *create* a deadline earlier than the earliest one known
 (the first heartbeat switches to the shorter subsequent timeout; a section opens; the last
 section closes). Any such deadline lies at least the smallest of those timeouts after the event
@@ -40,6 +48,19 @@ from typing import Optional
 
 MIN_LOOK_AGAIN = 0.001
 """Shortest look-again interval in seconds, however small a timeout: the monitor never spins."""
+
+SUSPENSION_MIN_GAP = 2.0
+"""Seconds a monitor must wake up late, with no SIGCONT, to count as suspended.
+
+A SIGSTOP always ends with a SIGCONT, which the monitor sees; a freeze that sends no signal (a
+cgroup freezer, a paused VM) is seen only as a sleep that lasted much longer than asked. A busy
+host delays a wake-up by milliseconds, not seconds.
+"""
+
+LATE_SUSPENSION_INTERVAL = 60.0
+"""Seconds within which a second late wake-up (no SIGCONT) does not count as a suspension again:
+a host so overloaded that the monitor always wakes seconds late must not postpone detection
+forever (it is postponed once, by at most one timeout)."""
 
 
 class HangKind(str, enum.Enum):
@@ -120,6 +141,8 @@ class RankTimeouts:
         out_of_section: Timeout with no section open.
         heartbeat_set_at: When the heartbeat timeouts were last changed (0.0: never).
         sections_set_at: When the section timeouts were last changed (0.0: never).
+        resumed_at: When the monitor last resumed from a suspension (0.0: never); every clock
+            restarts there.
     """
 
     connected_at: float
@@ -130,6 +153,7 @@ class RankTimeouts:
     out_of_section: Optional[float]
     heartbeat_set_at: float = 0.0
     sections_set_at: float = 0.0
+    resumed_at: float = 0.0
 
     def set_heartbeat(self, initial: Optional[float], subsequent: Optional[float], now: float) -> None:
         """Replace both heartbeat timeouts; the heartbeat clock restarts at ``now``."""
@@ -160,6 +184,14 @@ class RankTimeouts:
             self.out_of_section = out_of_section
         self.sections_set_at = now
 
+    def restart_clocks(self, now: float) -> None:
+        """Restart every clock at ``now``: the monitor resumed from a suspension.
+
+        Each interval (to the first or next heartbeat, in a section, out of any section) counts
+        from ``now`` if it began earlier; the timeouts themselves are unchanged.
+        """
+        self.resumed_at = max(self.resumed_at, now)
+
     def look_again_after(self) -> Optional[float]:
         """Seconds within which a new earlier deadline may appear (None: none can).
 
@@ -184,12 +216,12 @@ def earliest_deadline(timeouts: RankTimeouts, reading: SlotReading) -> Optional[
         if best is None or when < best.when:
             best = Deadline(when, kind, start, timeout, section)
 
-    hb_floor = timeouts.heartbeat_set_at
+    hb_floor = max(timeouts.heartbeat_set_at, timeouts.resumed_at)
     if reading.last_heartbeat == 0.0:  # section activity is not a heartbeat (see the module docstring)
         consider(max(timeouts.connected_at, hb_floor), timeouts.initial_heartbeat, HangKind.INITIAL_HEARTBEAT)
     else:
         consider(max(reading.last_heartbeat, hb_floor), timeouts.heartbeat, HangKind.HEARTBEAT)
-    section_floor = timeouts.sections_set_at
+    section_floor = max(timeouts.sections_set_at, timeouts.resumed_at)
     if reading.out_of_section_since > 0.0:
         consider(max(reading.out_of_section_since, section_floor), timeouts.out_of_section,
                  HangKind.OUT_OF_SECTION)
@@ -230,6 +262,27 @@ def check(timeouts: RankTimeouts, reading: SlotReading, now: float) -> Verdict:
     if now >= deadline.when:
         return Verdict(hang=deadline)
     return Verdict(wake_at=deadline.when if look_again is None else min(deadline.when, look_again))
+
+
+def was_suspended(planned_wake: float, woke: float, continued: bool,
+                  last_late_suspension: Optional[float] = None) -> bool:
+    """Was the monitor itself stopped while it waited to wake at ``planned_wake``?
+
+    Args:
+        planned_wake: When it asked to wake (monotonic seconds).
+        woke: When it ran again.
+        continued: It received SIGCONT meanwhile (it had been stopped: SIGSTOP, SIGTSTP).
+        last_late_suspension: When a late wake-up last counted as a suspension (None: never).
+
+    Returns:
+        True after a SIGCONT, or after a wake-up later than asked by :data:`SUSPENSION_MIN_GAP`
+        unless one already counted within :data:`LATE_SUSPENSION_INTERVAL`.
+    """
+    if continued:
+        return True
+    if woke - planned_wake < SUSPENSION_MIN_GAP:
+        return False
+    return last_late_suspension is None or woke - last_late_suspension >= LATE_SUSPENSION_INTERVAL
 
 
 def describe_hang(kind: HangKind | str, elapsed: float, timeout: float, section: Optional[str] = None) -> str:

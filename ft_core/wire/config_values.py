@@ -228,23 +228,39 @@ def parse_termination_signal(field_name: str, value: Any) -> signal.Signals:
     return sig
 
 
-def parse_seconds_or_off(field_name: str, value: Any, *, maximum: float) -> float:
-    """Seconds in ``(0, maximum]``, or ``0`` meaning "off" (given as a number or a string).
+def parse_seconds_or_off(field_name: str, value: Any, *, maximum: float = MAX_SECONDS,
+                         zero_means: str = "off") -> float:
+    """The one validator for "seconds, 0 means off": seconds in ``(0, maximum]``, or ``0``.
+
+    For every duration where 0 has a meaning of its own (``stack_capture_budget``: no capture;
+    the launcher's ``--term-timeout``: SIGKILL at once; ``store_lost_timeout``: no watchdog).
+    Accepts numbers and their string forms (``"12.5"``, ``"0"``); never null.
+
+    Args:
+        field_name: Named in the error message.
+        value: The value to check.
+        maximum: The largest accepted number of seconds.
+        zero_means: What 0 does, for the error message ("off", "at once").
+
+    Returns:
+        The value as a float; ``0.0`` for 0.
 
     Raises:
-        ConfigError: Not a number, negative, not finite, above ``maximum`` or null.
+        ConfigError: Not a number, negative, not finite, above ``maximum`` or null; the message
+            names the field, echoes the value and states the accepted values.
     """
     if not isinstance(value, bool) and _to_float(value) == 0.0:
         return 0.0
     number = math.nan if isinstance(value, bool) or value is None else _to_float(value)
     if not math.isfinite(number) or not 0.0 < number <= maximum:
-        raise ConfigError(f"{field_name} must be {seconds_or_off_bounds(maximum)}, got {short_repr(value)}")
+        raise ConfigError(f"{field_name} must be {seconds_or_off_bounds(maximum, zero_means)}, "
+                          f"got {short_repr(value)}")
     return number
 
 
-def seconds_or_off_bounds(maximum: float) -> str:
+def seconds_or_off_bounds(maximum: float, zero_means: str = "off") -> str:
     """The values :func:`parse_seconds_or_off` accepts, in words."""
-    return f"0 (off) or seconds > 0 and <= {maximum:g}"
+    return f"0 ({zero_means}) or seconds > 0 and <= {maximum:g}"
 
 
 def parse_log_level(field_name: str, value: Any) -> int:

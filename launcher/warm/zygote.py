@@ -26,7 +26,11 @@ Signals: the template keeps every signal of :data:`ft_core.wire.osutil.STEP_SIGN
 launcher starts it so) and reads them with ``sigwaitinfo``: a job-wide signal (SLURM's step
 daemon signals every process of a step) neither kills it nor makes it touch its workers, which
 got the signal themselves. It leaves only when its launcher tells it (SIGTERM sent by the
-launcher, its parent) or is gone.
+launcher, its parent) or is gone. It takes signals from its start, while it still imports: a
+standard signal pends only once, so a job-wide SIGTERM left pending through the imports would
+absorb the launcher's own SIGTERM (the pending one keeps the first sender's pid) and the template
+would sit out the stop until the launcher SIGKILLs it, seconds later. While it imports, a stop
+ends the template at once (it has no workers yet).
 
 The socket layer is ft_core's (:mod:`ft_core.wire.protocol`: 0600 bind, peer uid/pid check, bounded
 length-prefixed JSON with the ``MSG_SPAWN``/``MSG_SPAWNED``/``MSG_EXITED`` messages;
@@ -104,8 +108,23 @@ class Zygote:
         self.stopping = False
         self.startup_sys_path = list(sys.path)
         self.startup_pythonpath = os.environ.get("PYTHONPATH", "")
+        self.wake_r, self.wake_w = wakeup_pair()
+        # Set when the imports are done or the template must stop, whichever comes first.
+        self._preload_over = threading.Event()
+
+    def watch_signals(self) -> None:
+        """Start taking the step signals (before the imports: see the module docstring)."""
+        threading.Thread(target=self._watch_signals, name="ft-warm-signals", daemon=True).start()
+        set_parent_death_signal(signal.SIGHUP)  # blocked: taken by _watch_signals
+        if os.getppid() != self.parent_pid:
+            self._stop()
 
     def preload_modules(self) -> list[str]:
+        """Import the preload modules; returns early (the imports unfinished) if told to stop.
+
+        Returns:
+            The imports that failed, as ``"name: error"``.
+        """
         failed: list[str] = []
 
         def import_all() -> None:
@@ -114,15 +133,21 @@ class Zygote:
             # thread, which forks the workers, keeps the launcher's.
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PRELOAD_NICENESS)
-            for name in self.preload:
-                try:
-                    importlib.import_module(name)
-                except Exception as err:  # a broken optional preload must not stop warm starts
-                    failed.append(f"{name}: {type(err).__name__}: {err}")
+            try:
+                for name in self.preload:
+                    if self.stopping:
+                        return
+                    try:
+                        importlib.import_module(name)
+                    except Exception as err:  # a broken optional preload must not stop warm starts
+                        failed.append(f"{name}: {type(err).__name__}: {err}")
+            finally:
+                self._preload_over.set()
 
-        importer = threading.Thread(target=import_all, name="ft-warm-preload")
+        # A daemon: a template told to stop leaves without waiting for an import to finish.
+        importer = threading.Thread(target=import_all, name="ft-warm-preload", daemon=True)
         importer.start()
-        importer.join()
+        self._preload_over.wait()
         return failed
 
     def listen(self) -> None:
@@ -130,14 +155,11 @@ class Zygote:
             os.unlink(self.socket_path)
         self.listener = protocol.listen_unix(self.socket_path, 64)
         self.selector.register(self.listener, selectors.EVENT_READ, None)
-        self.wake_r, self.wake_w = wakeup_pair()
         self.selector.register(self.wake_r, selectors.EVENT_READ, "wake")
         signal.set_wakeup_fd(self.wake_w.fileno(), warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, lambda *_: None)
-        threading.Thread(target=self._watch_signals, name="ft-warm-signals", daemon=True).start()
-        set_parent_death_signal(signal.SIGHUP)  # blocked: taken by _watch_signals
         if os.getppid() != self.parent_pid:
-            self.stopping = True
+            self._stop()
 
     def _watch_signals(self) -> None:
         """Take the blocked step signals; leave only when the launcher says so or is gone."""
@@ -145,9 +167,14 @@ class Zygote:
             info = signal.sigwaitinfo(STEP_SIGNALS)
             from_launcher = info.si_pid == self.parent_pid and info.si_signo == signal.SIGTERM
             if from_launcher or os.getppid() != self.parent_pid:
-                self.stopping = True
-                with contextlib.suppress(OSError):
-                    self.wake_w.send(b"\0")
+                self._stop()
+
+    def _stop(self) -> None:
+        """Leave: wake the serving loop, or the imports' wait."""
+        self.stopping = True
+        self._preload_over.set()
+        with contextlib.suppress(OSError):
+            self.wake_w.send(b"\0")
 
     def serve(self) -> None:
         while not self.stopping:
@@ -386,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.ready_fd is not None:
         os.set_blocking(args.ready_fd, False)  # a launcher that stops reading must not stall us
     zygote = Zygote(args.socket, args.parent_pid, [m for m in args.preload.split(",") if m], args.ready_fd)
+    zygote.watch_signals()
     failed = zygote.preload_modules()
+    if zygote.stopping:  # told to stop while importing: nothing to serve, no worker to stop
+        return 0
     zygote.listen()
     cuda_initialized = "torch" in sys.modules and sys.modules["torch"].cuda.is_initialized()
     if args.ready_fd is not None:

@@ -10,8 +10,6 @@ import threading
 import pytest
 
 from ft_core.client.collectives import default_collectives
-from ft_core.wire.config import ConfigError
-from ft_core.wire.errors import GracefulStopExit
 from ft_core.client.graceful_stop import (
     DEFAULT_SIGNALS,
     MAX_INTERVAL_STEPS,
@@ -24,6 +22,8 @@ from ft_core.client.sections_policy import (
     is_graceful_stop,
     is_interruption,
 )
+from ft_core.wire.config import ConfigError
+from ft_core.wire.errors import GracefulStopExit
 
 COLLECTIVES = default_collectives()
 
@@ -150,19 +150,59 @@ def test_handlers_are_installed_on_the_main_thread_only(restore_handlers):
     assert result == [False] and not stop.installed
 
 
-def test_a_forked_child_acts_as_if_nothing_was_installed(restore_handlers):
+def test_a_forked_child_survives_a_stop_signal_and_records_nothing(restore_handlers):
+    # Issue 21.2: a DataLoader worker (a forked child) that died of the stop signal would fail
+    # the rank before its stop step. The child ignores the stop; the parent stops its children.
     stop = GracefulStop(GracefulStopConfig())
     stop.install()
     pid = os.fork()
-    if pid == 0:  # the child (a data-loader worker, say): SIGTERM must still end it
+    if pid == 0:  # the child (a data-loader worker, say)
         try:
             os.kill(os.getpid(), signal.SIGTERM)
-            os._exit(0)  # not reached when the default action ran
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os._exit(0 if stop.received is None and stop.deliveries == 0 else 4)
         finally:
             os._exit(3)
     _, status = os.waitpid(pid, 0)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert stop.received is None  # the parent saw nothing
+
+
+def test_a_child_forked_before_install_survives_too(restore_handlers):
+    # Lightning forks the first epoch's loader workers before on_train_start, where it installs.
+    stop = GracefulStop(GracefulStopConfig())
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os._exit(0 if signal.getsignal(signal.SIGTERM) == stop._handle else 4)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL  # the parent is untouched before install
+    stop.uninstall()
+    pid = os.fork()  # after uninstall: children are left alone
+    if pid == 0:
+        os._exit(0 if signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL else 4)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_a_forked_child_still_calls_the_users_own_handler(restore_handlers):
+    calls = []
+    signal.signal(signal.SIGUSR1, lambda signum, frame: calls.append(signum))
+    stop = GracefulStop(GracefulStopConfig())
+    stop.install()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            os._exit(0 if calls == [signal.SIGUSR1] and stop.received is None else 4)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
 
 
 # ---------------------------------------------------------------------- the agreement
