@@ -15,6 +15,7 @@ from pathlib import Path
 
 SCRIPT_NAME = "autoresume.sh"
 LAUNCHER_ENV_VAR = "FT_LAUNCHER"  # autoresume.sh's --launcher variable
+PYTHON_ENV_VAR = "AUTORESUME_PYTHON"  # the interpreter autoresume.sh runs launcher.resume with
 
 
 def script_path() -> Path:
@@ -40,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
 
     Unless ``--launcher`` or ``FT_LAUNCHER`` says otherwise, the loop uses the ``ft_launcher``
     installed next to this entry point, so the job works without activating the environment.
+    The script's decisions (``python -m launcher.resume``) run with this interpreter, which has
+    this installation's ``launcher.resume``, unless ``AUTORESUME_PYTHON`` names another.
     """
     args = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     launcher = Path(sys.argv[0]).resolve().parent / "ft_launcher"
     if LAUNCHER_ENV_VAR not in os.environ and launcher.is_file() and os.access(launcher, os.X_OK):
         os.environ[LAUNCHER_ENV_VAR] = str(launcher)
+    os.environ.setdefault(PYTHON_ENV_VAR, sys.executable)
     os.execv(bash, ["bash", str(script), *args])
 
 

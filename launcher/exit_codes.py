@@ -3,7 +3,7 @@
 An auto-resume loop reads them to decide whether to continue. :data:`EXIT_CODES` is the one
 table: ``ft_launcher --help`` prints it (:func:`help_epilog`), and
 ``tests/unit/test_exit_codes.py`` checks that the copies in ``scripts/autoresume.sh`` (its
-``readonly EXIT_*`` lines and its help text), ``docs/launcher.md`` and ``docs/autoresume.md``
+help text), ``docs/launcher.md`` and ``docs/autoresume.md``
 agree with it.
 """
 
@@ -21,7 +21,7 @@ EXIT_SIGNAL_BASE = 128
 """A forced stop by signal N (the third stop signal): the launcher exits ``EXIT_SIGNAL_BASE + N``.
 A graceful stop by signal exits :data:`EXIT_SUCCESS` or :data:`EXIT_FAILURE`."""
 AUTORESUME_EXIT_NO_PROGRESS = 3
-"""``scripts/autoresume.sh``'s own code (``readonly EXIT_NO_PROGRESS``): it stopped because
+"""``scripts/autoresume.sh``'s own code (decided by ``launcher/resume/policy.py``): it stopped because
 ``--max-stalled`` failed attempts in a row left no newer file under ``--progress-path``. Never
 an ft_launcher code; distinct from all of :data:`EXIT_CODES`."""
 AUTORESUME_ONLY_CODES = {"EXIT_NO_PROGRESS": AUTORESUME_EXIT_NO_PROGRESS}

@@ -1,0 +1,16 @@
+"""The decisions of ``scripts/autoresume.sh``, in Python (``python -m launcher.resume``).
+
+The script keeps what only a shell can do well: starting ``ft_launcher`` or ``srun``, catching
+and forwarding signals, holding the run directory's lock, and the builtins-only section after
+``scontrol requeue``. Everything it decides is here, as pure functions with table-driven tests:
+
+- :mod:`launcher.resume.policy`: the verdict of an attempt (finished, continue or stop), the
+  exit-code mapping, stalls, the nodes that caused a failure and the exclusion list;
+- :mod:`launcher.resume.history`: the run directory's ``state``, ``history.tsv`` and
+  ``excluded_nodes`` files;
+- :mod:`launcher.resume.options`: the script's options and their validation;
+- :mod:`launcher.resume.__main__`: the command line the script calls between attempts.
+
+Standard library only, and nothing heavy: it runs between attempts, in a SLURM batch shell that
+may be signalled at any moment, so it must start in a few tens of milliseconds.
+"""

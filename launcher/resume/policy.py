@@ -1,0 +1,444 @@
+"""What ``scripts/autoresume.sh`` decides after an attempt: pure functions, no I/O.
+
+The exit codes come from :mod:`launcher.exit_codes`, the one place that defines them; the
+script holds no copy of them.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from launcher.exit_codes import (
+    AUTORESUME_EXIT_NO_PROGRESS,
+    EXIT_FAILURE,
+    EXIT_NODE_EXCLUDED,
+    EXIT_SHUTDOWN_REQUESTED,
+    EXIT_SIGNAL_BASE,
+    EXIT_SUCCESS,
+    EXIT_USAGE,
+)
+
+FINISHED = "finished"
+CONTINUE = "continue"
+STOP = "stop"
+
+WARNING_SIGNALS = ("USR1", "USR2")
+STOP_SIGNALS = ("TERM", "INT", "HUP")
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
+_COUNT = re.compile(r"[0-9]{1,9}")
+
+
+def is_count(text: str) -> bool:
+    """Whether ``text`` is a whole number of at most 9 digits (the script's counts and codes)."""
+    return bool(_COUNT.fullmatch(text))
+
+
+def is_node_name(text: str) -> bool:
+    """Whether ``text`` can be passed to ``scontrol`` as a node name and nothing else."""
+    return bool(_NODE_NAME.fullmatch(text))
+
+
+def signal_exit_code(name: str) -> int:
+    """The script's exit code after the stop signal ``name`` (``SIGTERM`` or ``TERM``): 128+N.
+
+    Raises:
+        ValueError: ``name`` is no signal of this system.
+    """
+    bare = name.removeprefix("SIG")
+    try:
+        return EXIT_SIGNAL_BASE + int(signal.Signals["SIG" + bare])
+    except KeyError:
+        raise ValueError(f"not a signal: {name!r}") from None
+
+
+def signal_name(number: int) -> str:
+    """``SIGKILL`` for 9; ``SIG<number>`` for a number that names no signal here."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def combine_codes(codes: Sequence[int]) -> int:
+    """One exit code for an attempt from the codes of all its launchers (one per node).
+
+    64 (ShutdownWorkload) if any node says so: one rank's request ends the run. Else 2 (usage
+    error) if any says so: nothing will change on retry. Else the highest, so that a failure or
+    a signal on one node is not hidden by success elsewhere. No codes at all: 0.
+    """
+    if EXIT_SHUTDOWN_REQUESTED in codes:
+        return EXIT_SHUTDOWN_REQUESTED
+    if EXIT_USAGE in codes:
+        return EXIT_USAGE
+    return max([EXIT_SUCCESS, *codes])
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The loop's bounds, from the script's options.
+
+    Attributes:
+        max_failures: Stop after this many consecutive failed attempts (``--max-failures``).
+        max_attempts: Stop after this many attempts of any kind; 0 = no limit.
+        max_stalled: Stop after this many consecutive failed attempts without progress.
+        progress_path: ``--progress-path``; empty: progress is not watched.
+    """
+
+    max_failures: int = 3
+    max_attempts: int = 0
+    max_stalled: int = 2
+    progress_path: str = ""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one attempt ended, as the script saw it.
+
+    Attributes:
+        number: The attempt's number (1, 2, ...).
+        rc: ``ft_launcher``'s exit code (all nodes combined, :func:`combine_codes`).
+        flag: Whether the finished flag file exists.
+        warned: ``SIGUSR1``/``SIGUSR2`` when a warning came during the attempt, else empty.
+        terminated: ``SIGTERM``/``SIGINT``/``SIGHUP`` when the script was told to stop, else empty.
+        local: Local mode (a stop signal there always stops, even after a warning).
+        failures: Consecutive failed attempts before this one.
+        stalled: Consecutive failed attempts without progress before this one.
+        progressed: Whether a file under the progress path got newer during the attempt.
+    """
+
+    number: int
+    rc: int
+    flag: bool
+    warned: str = ""
+    terminated: str = ""
+    local: bool = True
+    failures: int = 0
+    stalled: int = 0
+    progressed: bool = False
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision after an attempt.
+
+    Attributes:
+        verdict: :data:`FINISHED`, :data:`CONTINUE` or :data:`STOP`.
+        exit_code: The script's exit code when it does not continue (0 when finished).
+        text: The decision as ``history.tsv`` and the log show it.
+        shown_failures: The consecutive failure count the attempt ended with (history).
+        failures: The count to carry on with: 0 after a stop (a new submission starts afresh)
+            or after an ending that was not a failure.
+        stalled: The stalled-attempt count to carry on with, reset like ``failures``.
+        failed: Whether the attempt counts as a failure.
+    """
+
+    verdict: str
+    exit_code: int
+    text: str
+    shown_failures: int
+    failures: int
+    stalled: int
+    failed: bool
+
+
+def _failure_reason(rc: int) -> str:
+    why = f"ft_launcher exit {rc}"
+    if rc == EXIT_NODE_EXCLUDED:
+        why += ", ExcludeThisNode"
+    if rc > EXIT_SIGNAL_BASE:
+        why += f", forced stop or killed by {signal_name(rc - EXIT_SIGNAL_BASE)}"
+    return why
+
+
+def decide(attempt: Attempt, limits: Limits) -> Verdict:
+    """The verdict after ``attempt``: the first matching row of the table in docs/autoresume.md.
+
+    Args:
+        attempt: How the attempt ended.
+        limits: The loop's bounds.
+
+    Returns:
+        The verdict, with the counts to carry on with.
+    """
+    rc = attempt.rc
+    if attempt.flag:
+        text = "finished: flag file present"
+        if rc != EXIT_SUCCESS:
+            text += f" (ft_launcher exited {rc})"
+        return Verdict(FINISHED, EXIT_SUCCESS, text, 0, 0, 0, False)
+    failed = False
+    failures, stalled = attempt.failures, attempt.stalled
+    if rc == EXIT_SHUTDOWN_REQUESTED:
+        verdict, code = STOP, EXIT_SHUTDOWN_REQUESTED
+        text = f"stop: a rank requested ShutdownWorkload (ft_launcher exit {rc})"
+    elif rc == EXIT_USAGE:
+        verdict, code = STOP, EXIT_USAGE
+        text = f"stop: ft_launcher usage error (exit {rc}); fix the command line"
+    elif attempt.terminated and (not attempt.warned or attempt.local):
+        # A preemption or a cancel: ft_launcher exits 0 when its ranks stopped in time, else 1;
+        # the signal seen here decides, not that code. In slurm mode a stop signal after a
+        # warning is the time limit arriving before the ranks stopped: continue, as warned.
+        verdict, code = STOP, signal_exit_code(attempt.terminated)
+        how = "the ranks stopped in time" if rc == EXIT_SUCCESS else "not a clean stop"
+        text = f"stop: terminated by {attempt.terminated} (ft_launcher exit {rc}: {how})"
+    elif attempt.warned:
+        verdict, code = CONTINUE, EXIT_SUCCESS
+        text = f"continue: warning signal {attempt.warned}, not a failure (ft_launcher exit {rc})"
+    elif rc == EXIT_SUCCESS:
+        verdict, code = CONTINUE, EXIT_SUCCESS
+        text = "continue: ft_launcher exited 0 without the flag, not a failure"
+    else:
+        failed = True
+        failures += 1
+        why = _failure_reason(rc)
+        stalled_out = False
+        if limits.progress_path:
+            stalled = 0 if attempt.progressed else stalled + 1
+            stalled_out = stalled >= limits.max_stalled
+        if stalled_out:
+            verdict, code = STOP, AUTORESUME_EXIT_NO_PROGRESS
+            text = (f"stop: no progress, {stalled} consecutive failed attempts without a newer "
+                    f"file under {limits.progress_path} ({why})")
+        elif failures >= limits.max_failures:
+            verdict, code = STOP, EXIT_FAILURE
+            text = f"stop: {failures} consecutive failures, the maximum ({why})"
+        else:
+            verdict, code = CONTINUE, EXIT_SUCCESS
+            text = f"continue: failure {failures} of at most {limits.max_failures} ({why})"
+    if verdict == CONTINUE and 0 < limits.max_attempts <= attempt.number:
+        verdict, code = STOP, EXIT_FAILURE
+        text = f"stop: --max-attempts {limits.max_attempts} reached ({text.removeprefix('continue: ')})"
+    shown = failures
+    if verdict == STOP or not failed:
+        failures = stalled = 0
+    return Verdict(verdict, code, text, shown, failures, stalled, failed)
+
+
+def killed_attempt(failures: int, stalled: int, limits: Limits) -> Verdict:
+    """The verdict on an attempt whose script was killed before it could record it.
+
+    A SIGKILL or a lost node leaves ``running=1`` in the state file; the next run counts that
+    attempt as a failure, so that a job that keeps dying cannot loop forever.
+
+    Args:
+        failures: Consecutive failed attempts before the killed one.
+        stalled: Consecutive stalled attempts before it (kept: its progress is unknown).
+        limits: The loop's bounds (only ``max_failures`` matters).
+    """
+    failures += 1
+    what = "no record of how it ended (the script was killed)"
+    if failures >= limits.max_failures:
+        return Verdict(STOP, EXIT_FAILURE,
+                       f"stop: {what}; {failures} consecutive failures, the maximum",
+                       failures, 0, 0, True)
+    return Verdict(CONTINUE, EXIT_SUCCESS,
+                   f"continue: {what}; failure {failures} of at most {limits.max_failures}",
+                   failures, failures, stalled, True)
+
+
+def requeue_failed_text(text: str) -> str:
+    """The decision when ``scontrol requeue`` refused the continuation ``text`` recorded."""
+    return f"stop: scontrol requeue failed ({text.removeprefix('continue: ')})"
+
+
+# ---------------------------------------------------------------------------- nodes (slurm)
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a node task left in ``RUN_DIR/nodes/`` (see autoresume.sh).
+
+    Attributes:
+        node: The node's SLURM name.
+        code: Its launcher's exit code.
+        warned: The warning signal the task saw (``USR1``), or empty.
+        stopped: The stop signal the task saw (``TERM``), or empty.
+        roots: Host names the launcher named as the root of the failure that ended its run.
+        host: The node's kernel host name, as the launchers' records name nodes.
+    """
+
+    node: str
+    code: int
+    warned: str = ""
+    stopped: str = ""
+    roots: tuple[str, ...] = ()
+    host: str = ""
+
+
+def parse_node_report(text: str, launcher_result: str = "") -> NodeReport | None:
+    """Parse a node task's ``"<node> <code> <warned|-> <stopped|-> <host>"``; None if malformed.
+
+    Args:
+        text: The node task's line.
+        launcher_result: The launcher's result file on that node (``FT_LAUNCHER_RESULT_FILE``,
+            ``key=value`` lines), for the root nodes it names; empty if it left none.
+
+    Signals other than the warning and stop signals, and root names that are not plain host
+    names, are dropped: nothing from these files reaches ``scontrol`` except a checked node name.
+    """
+    fields = text.split()
+    if len(fields) != 5 or not is_node_name(fields[0]) or not is_count(fields[1]):
+        return None
+    node, code, warned, stopped, host = fields
+    roots: tuple[str, ...] = ()
+    for line in launcher_result.splitlines():
+        key, _, value = line.partition("=")
+        if key == "root_nodes":
+            roots = tuple(name for name in value.split(",") if is_node_name(name))
+    return NodeReport(
+        node=node, code=int(code),
+        warned=warned if warned in WARNING_SIGNALS else "",
+        stopped=stopped if stopped in STOP_SIGNALS else "",
+        roots=roots, host=host if is_node_name(host) else node)
+
+
+@dataclass
+class NodesOutcome:
+    """An attempt's outcome over all its nodes.
+
+    Attributes:
+        rc: The attempt's exit code (:func:`combine_codes`).
+        codes: ``(node, code)`` per node, in SLURM_NODEID order.
+        warned: The first warning signal a node task saw (``SIGUSR1``), or empty.
+        terminated: The first stop signal a node task saw (``SIGTERM``), or empty.
+        bad_nodes: Nodes that caused the failure, in the order they were found, no repeats.
+        notes: Log lines, in order (the attempt number is prefixed by the caller).
+    """
+
+    rc: int = 0
+    codes: list[tuple[str, int]] = field(default_factory=list)
+    warned: str = ""
+    terminated: str = ""
+    bad_nodes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def blame(self, node: str, why: str) -> None:
+        """Record that ``node`` caused the failure, and why."""
+        self.notes.append(f"node {node} caused a failure: {why}")
+        if node not in self.bad_nodes:
+            self.bad_nodes.append(node)
+
+
+def nodes_outcome(reports: Sequence[NodeReport | None], alloc_hosts: Sequence[str],
+                  srun_rc: int) -> NodesOutcome:
+    """Combine the node tasks' reports of one attempt.
+
+    Args:
+        reports: One per node task (SLURM_NODEID order); None where a task left no valid report
+            (it never started, or its node was lost).
+        alloc_hosts: The allocation's node names in SLURM_NODEID order.
+        srun_rc: srun's exit code: all that is known of a node without a report.
+    """
+    out = NodesOutcome()
+    lost: list[str] = []
+    named: list[str] = []
+    host_nodes: dict[str, list[str]] = {}
+    for index, report in enumerate(reports):
+        if report is None:
+            node = alloc_hosts[index] if index < len(alloc_hosts) else f"node{index}"
+            code = srun_rc if srun_rc != EXIT_SUCCESS else EXIT_FAILURE
+            out.blame(node, "lost (its launcher never reported)")
+            lost.append(node)
+        else:
+            node, code = report.node, report.code
+            host_nodes.setdefault(report.host, []).append(node)
+            named += report.roots
+            if report.warned and not out.warned:
+                out.warned = "SIG" + report.warned
+            # A stop signal sent to the job steps only (scancel -s TERM without --batch) counts
+            # as if the script had got it.
+            if report.stopped and not out.terminated:
+                out.terminated = "SIG" + report.stopped
+        if code == EXIT_NODE_EXCLUDED:
+            out.blame(node, "ExcludeThisNode")
+        out.codes.append((node, code))
+    _blame_roots(out, named, host_nodes, alloc_hosts, lost)
+    out.rc = combine_codes([code for _, code in out.codes])
+    return out
+
+
+def _blame_roots(out: NodesOutcome, named: list[str], host_nodes: dict[str, list[str]],
+                 alloc_hosts: Sequence[str], lost: list[str]) -> None:
+    """Blame the nodes the launchers named as the root of the failure, by their SLURM names.
+
+    When a node was lost, the ranks the survivors blamed most likely failed because of it (a
+    peer's connection reset, a collective that never completes), so only the lost node counts.
+    """
+    if not named:
+        return
+    if lost:
+        out.notes.append(f"not blaming {','.join(named)} (named as root by the launchers): "
+                         f"node(s) {' '.join(lost)} lost, which explains the failure")
+        return
+    for host in dict.fromkeys(named):
+        nodes = host_nodes.get(host, [])
+        if len(nodes) > 1:
+            # Virtual nodes on one machine share its host name: which one is meant is unknown.
+            out.notes.append(f"the launchers named host {host} as the root, which is more than "
+                             "one node of this allocation; not excluded")
+            continue
+        if not nodes:
+            if host not in alloc_hosts:
+                mapping = " ".join(f"{h}={n}" for h, ns in host_nodes.items() for n in ns)
+                out.notes.append(f"the launchers named host {host} as the root, which is no node "
+                                 f"of this allocation (host=node: {mapping}); not excluded")
+                continue
+            nodes = [host]   # SLURM's own name for the node
+        out.blame(nodes[0], "root cause of the failure, as the launchers' records name it")
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """The nodes to keep out of the requeued job.
+
+    Attributes:
+        nodes: The new exclusion list, oldest first (empty: none, or dropped).
+        update: Whether the job's exclusion list must be changed with ``scontrol update``.
+        note: A log line, or empty.
+    """
+
+    nodes: tuple[str, ...] = ()
+    update: bool = False
+    note: str = ""
+
+
+def exclusion(previous: Sequence[str], bad_nodes: Sequence[str], max_excluded: int,
+              partition_nodes: int | None, needed_nodes: int) -> Exclusion:
+    """The exclusion list after an attempt that the job continues from.
+
+    Args:
+        previous: The list so far (``RUN_DIR/excluded_nodes``), oldest first.
+        bad_nodes: The nodes that caused this attempt's failure.
+        max_excluded: ``--max-excluded``: keep at most this many, dropping the oldest; 0 = never
+            exclude (and never touch the job's list).
+        partition_nodes: Nodes in the job's partition (sinfo), None if unknown.
+        needed_nodes: Nodes the job needs.
+
+    Returns:
+        No update when nothing is to be excluded. The list is dropped (update to an empty list)
+        when the job would no longer fit in its partition without those nodes: better the same
+        bad node again than a job that never starts.
+    """
+    if max_excluded <= 0:
+        return Exclusion()
+    nodes = list(dict.fromkeys([*previous, *bad_nodes]))
+    if not nodes:
+        return Exclusion()
+    nodes = nodes[-max_excluded:]
+    if partition_nodes and partition_nodes - len(nodes) < needed_nodes:
+        return Exclusion((), True, f"not excluding {' '.join(nodes)}: {needed_nodes} node(s) would "
+                                   f"no longer fit in the {partition_nodes} of the partition; "
+                                   "list dropped")
+    return Exclusion(tuple(nodes), True)
+
+
+def requeued_text(text: str, job_ref: str, excl: Exclusion) -> str:
+    """The decision as recorded once ``scontrol requeue`` accepted the continuation."""
+    text += f"; job {job_ref} requeued"
+    if excl.update:
+        text += f" excluding {','.join(excl.nodes)}" if excl.nodes else " excluding no node"
+    return text
