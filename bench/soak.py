@@ -43,6 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, emit, kill_descendants  # noqa: E402
+from launcher.records import CycleStart, Failure, read_events  # noqa: E402
 
 AUTORESUME = REPO / "scripts" / "autoresume.sh"
 TRAIN = REPO / "bench" / "soak_train.py"
@@ -148,39 +149,41 @@ def main() -> int:
 
 
 def analyse(run_dir: Path, events_path: Path, plan: dict, hangs: list[dict], resumed_sent: float | None) -> dict:
-    events = read_jsonl(events_path)
+    events = list(read_events(events_path)) if events_path.exists() else []
     bench = run_dir / "bench"
     notes = read_jsonl(bench / "rank0.jsonl") + read_jsonl(bench / "rank1.jsonl")
     markers = sorted((json.loads(p.read_text()) for p in bench.glob("hang_*.json")), key=lambda m: m["started_at"])
     # Launcher runs are told apart by the launcher's pid; cycles within one by their number.
-    failures = [e for e in events if e["event"] == "failure" and e.get("cause_kind") != "terminated"]
-    by_cycle: dict[tuple[int, int], list[dict]] = {}
+    failures = [e for e in events if isinstance(e, Failure) and e.cause_kind != "terminated"]
+    by_cycle: dict[tuple[int | None, int | None], list[Failure]] = {}
     for failure in failures:
-        by_cycle.setdefault((failure["pid"], failure["cycle"]), []).append(failure)
-    starts = [e for e in events if e["event"] == "cycle_start"]
+        by_cycle.setdefault((failure.pid, failure.cycle), []).append(failure)
+    starts = [e for e in events if isinstance(e, CycleStart)]
 
-    def cycle_of(moment: float) -> tuple[int, int] | None:
-        before = [e for e in starts if e["ts"] <= moment]
-        return (before[-1]["pid"], before[-1]["cycle"]) if before else None
+    def detected(failure: Failure) -> float:
+        return failure.detected_at or failure.ts or 0.0
+
+    def cycle_of(moment: float) -> tuple[int | None, int | None] | None:
+        before = [e for e in starts if (e.ts or 0.0) <= moment]
+        return (before[-1].pid, before[-1].cycle) if before else None
 
     injected = []
     explained = set()
     for marker in markers:
         key = cycle_of(marker["started_at"])
         # the root's record (the rank the launcher blames), else the earliest
-        found = sorted(by_cycle.get(key, []), key=lambda f: (f.get("role", "root") != "root",
-                                                               f.get("detected_at") or f["ts"]))
+        found = sorted(by_cycle.get(key, []), key=lambda f: (f.effective_role != "root", detected(f)))
         first = found[0] if found else None
         if key is not None and first is not None:
             explained.add(key)
         injected.append({
             "where": marker["where"], "rank": marker["rank"], "step": marker["step"],
             "detected": first is not None,
-            "latency_s": None if first is None else round((first.get("detected_at") or first["ts"]) - marker["started_at"], 3),
-            "timeout_s": None if first is None else first.get("timeout"),
-            "detected_kind": None if first is None else first.get("hang_kind") or first.get("cause_kind"),
-            "detected_rank": None if first is None else first.get("rank"),
-            "section": None if first is None else first.get("section"),
+            "latency_s": None if first is None else round(detected(first) - marker["started_at"], 3),
+            "timeout_s": None if first is None else first.timeout,
+            "detected_kind": None if first is None else first.hang_kind or first.cause_kind,
+            "detected_rank": None if first is None else first.rank,
+            "section": None if first is None else first.section,
         })
     false_kills = [f for key, group in by_cycle.items() if key not in explained for f in group]
     pauses = [n for n in notes if n["event"] == "pause"]
@@ -194,8 +197,8 @@ def analyse(run_dir: Path, events_path: Path, plan: dict, hangs: list[dict], res
     ends = [n for n in notes if n["event"] == "end"]
     return {
         "false_kills": len(false_kills),
-        "false_kill_records": [{k: f.get(k) for k in ("cycle", "rank", "cause", "hang_kind", "section", "timeout",
-                                                      "elapsed")} for f in false_kills],
+        "false_kill_records": [{k: getattr(f, k) for k in ("cycle", "rank", "cause", "hang_kind", "section", "timeout",
+                                                           "elapsed")} for f in false_kills],
         "hangs_planned": len(hangs),
         "hangs": injected,
         "failures_recorded": len(failures),

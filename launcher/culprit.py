@@ -43,6 +43,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ft_core.wire.messages import Progress
+from ft_core.wire.typed import MalformedError
+
 HANG = "hang"
 CRASH = "crash"
 STOPPED = "stopped"
@@ -101,8 +104,8 @@ class RankState:
         outcome: :data:`HANG`, :data:`CRASH` or :data:`STOPPED`.
         cause: ``hang: ...``, ``exit code 1``, ``signal SIGKILL`` ...
         event_at: Epoch seconds of the hang detection or the crash (None for :data:`STOPPED`).
-        progress: Its monitor's progress (as in ``rank_hang``: ``last_progress_at``, ``open_section``,
-            ``step``, ``heartbeats``, and ``section_since``, ``stopped``), or None.
+        progress: Its monitor's progress (as in ``rank_hang``), or None; a mapping given here (a
+            progress in wire form) is read as a :class:`~ft_core.wire.messages.Progress`.
         stack_frames: Its main thread's innermost frames (``"file:line function"``), if taken.
         stack_file: Where all its threads' stacks were written, if they were.
         lost_nodes: For a :data:`LOST` root (rule 4): every node that sent no view, the root's
@@ -117,15 +120,19 @@ class RankState:
     outcome: str
     cause: str
     event_at: float | None = None
-    progress: Mapping[str, Any] | None = None
+    progress: Progress | None = None
     stack_frames: Sequence[str] = field(default_factory=tuple)
     stack_file: str | None = None
     lost_nodes: tuple[LostNode, ...] = ()
 
+    def __post_init__(self) -> None:
+        if isinstance(self.progress, Mapping):
+            object.__setattr__(self, "progress", _progress(self.progress))
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["stack_frames"] = list(self.stack_frames)
-        data["progress"] = dict(self.progress) if self.progress is not None else None
+        data["progress"] = self.progress.to_wire() if self.progress is not None else None
         return data
 
     @classmethod
@@ -139,7 +146,7 @@ class RankState:
                 group_rank=_int_or_none(data.get("group_rank")), pid=_int_or_none(data.get("pid")),
                 outcome=str(data["outcome"]), cause=str(data.get("cause") or ""),
                 event_at=_float_or_none(data.get("event_at")),
-                progress=dict(progress) if isinstance(progress, Mapping) else None,
+                progress=_progress(progress) if isinstance(progress, Mapping) else None,
                 stack_frames=tuple(str(f) for f in frames if isinstance(f, str))[:20],
                 stack_file=data.get("stack_file") if isinstance(data.get("stack_file"), str) else None,
             )
@@ -151,17 +158,16 @@ class RankState:
 
     @property
     def step(self) -> int | None:
-        value = (self.progress or {}).get("step")
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return self.progress.step if self.progress is not None else None
 
     @property
     def stopped(self) -> bool:
-        return bool((self.progress or {}).get("stopped"))
+        return self.progress is not None and self.progress.stopped
 
     @property
     def last_progress_at(self) -> float:
-        value = (self.progress or {}).get("last_progress_at")
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.inf
+        value = self.progress.last_progress_at if self.progress is not None else None
+        return value if value is not None else math.inf
 
 
 def waiting_in_collective(frames: Iterable[str]) -> bool:
@@ -312,12 +318,12 @@ def describe_root(root: RankState, user_frame: str | None = None, seen_at: float
 
 
 def _how_long(state: RankState) -> str:
-    progress = state.progress or {}
+    progress = state.progress or Progress()
     if state.event_at is None:
         return ""
-    open_section = progress.get("open_section")
-    since = progress.get("section_since")
-    if isinstance(since, (int, float)) and not isinstance(since, bool):
+    open_section = progress.open_section
+    since = progress.section_since
+    if since is not None:
         elapsed = max(0.0, state.event_at - since)
         if open_section:
             return f" (in section {open_section!r} for {elapsed:.1f} s)"
@@ -328,7 +334,7 @@ def _how_long(state: RankState) -> str:
 
 
 def _open_text(state: RankState) -> str:
-    section = (state.progress or {}).get("open_section")
+    section = state.progress.open_section if state.progress is not None else None
     return f"in section {section!r}" if section else "outside any section"
 
 
@@ -368,3 +374,11 @@ def _float_or_none(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
+
+
+def _progress(data: Mapping[str, Any]) -> Progress | None:
+    """A progress in wire form (another node's view), or None if it is not one."""
+    try:
+        return Progress.from_wire(data)
+    except MalformedError:
+        return None

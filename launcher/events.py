@@ -7,12 +7,17 @@ launcher's run id (``--rdzv-id``, or the random one). Records are appended with 
 (``scripts/autoresume.sh``) share one file; a line left incomplete by a killed launcher is
 closed before the next record. At exit the launcher prints a summary built from the same
 records. ``ft_report`` (:mod:`launcher.report`) reads the file back.
+
+Every record is one of the typed kinds of :mod:`launcher.records`: :meth:`EventLog.record_event`
+takes one (``record_event(CycleStart(cycle=0, ...))``); :meth:`EventLog.record` builds the kind's
+class from its name and fields, so an unknown kind or field is an error there too.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import datetime
 import fcntl
 import json
@@ -21,16 +26,17 @@ import os
 import socket
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from ft_core.monitor.deadlines import HangKind
+from launcher import records
 from launcher.culprit import COLLATERAL, LOST, ROOT
 from launcher.failures import KIND_EXIT, KIND_HANG, KIND_SIGNAL, FailureRecord
+from launcher.records import CycleStart, EventRecord, Failure, RankEscalated, Result, Summary
 
 logger = logging.getLogger(__name__)
+R = TypeVar("R", bound=EventRecord)
 
-_ROOT_KINDS = frozenset({KIND_HANG, KIND_EXIT, KIND_SIGNAL})
-"""Failure kinds whose root record blames its node (see :meth:`EventLog.last_cycle_root_nodes`)."""
 
 
 class EventLog:
@@ -51,24 +57,38 @@ class EventLog:
         self.run_id = run_id
         self._stream = stream or sys.stderr
         self._fd: int | None = None
+        self.history: list[EventRecord] = []
+        """The records written so far, typed."""
         self.records: list[dict[str, Any]] = []
+        """The same as written (JSON objects)."""
         if self.path:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
-    def record(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Append one record and return it."""
+    def record(self, event: str, **fields: Any) -> EventRecord:
+        """Append one record of kind ``event`` (see :mod:`launcher.records`) and return it.
+
+        Raises:
+            ValueError: ``event`` is not a known kind.
+            TypeError: A field the kind does not have, or a required one missing.
+        """
+        return self.record_event(records.build(event, **fields))
+
+    def record_event(self, record: R) -> R:
+        """Append ``record`` with its envelope filled in (time, node, pid, run id: those it does
+        not set itself) and return it as written."""
         now = time.time()
-        entry = {
-            "event": event,
+        envelope = {
             "time": datetime.datetime.fromtimestamp(now, datetime.timezone.utc).isoformat(timespec="milliseconds"),
             "ts": round(now, 4),
             "node": self.node,
             "pid": os.getpid(),
             "run_id": self.run_id,
-            **fields,
         }
+        record = dataclasses.replace(record, **{k: v for k, v in envelope.items() if getattr(record, k) is None})
+        entry = record.to_wire()
+        self.history.append(record)
         self.records.append(entry)
         if self._fd is not None:
             line = (json.dumps(entry, default=str, separators=(",", ":")) + "\n").encode()
@@ -76,7 +96,7 @@ class EventLog:
                 self._append(line)
             except OSError as err:
                 logger.warning("cannot write to event log %s: %s", self.path, err)
-        return entry
+        return record
 
     def _append(self, line: bytes) -> None:
         """One ``write`` under the file's lock, after closing a line a killed writer left open."""
@@ -104,8 +124,7 @@ class EventLog:
             self._print(f"{who} failed: {failure.cause}{explained}; {decision}")
         else:
             self._print(f"{who} {failure.explanation or 'stopped'} (collateral: {failure.cause}); {decision}")
-        self.record(
-            "failure",
+        self.record_event(Failure(
             cycle=failure.cycle,
             rank=failure.rank,
             local_rank=failure.local_rank,
@@ -117,7 +136,7 @@ class EventLog:
             detected_at=failure.detected_at,
             decision=decision,
             **_plain(failure.detail),
-        )
+        ))
 
     def outcome_line(self, cycle: int, cause: str, decision: str) -> None:
         """Print the stderr line for a run stopped by a workload control request (no failure)."""
@@ -130,18 +149,17 @@ class EventLog:
         (a freeze and the ranks that stopped waiting for it are one incident). A run without
         failures shows no failure statistics.
         """
-        cycles = [r for r in self.records if r["event"] == "cycle_start"]
-        failures = [r for r in self.records if r["event"] == "failure"]
+        cycles = [r for r in self.history if isinstance(r, CycleStart)]
+        failures = [r for r in self.history if isinstance(r, Failure)]
         incidents: dict[Any, str] = {}
         for record in failures:
-            key = record.get("cycle")
-            if record.get("role", ROOT) == ROOT or key not in incidents:
-                incidents[key] = _incident_kind(record)
-        collateral = sum(1 for r in failures if r.get("role") == COLLATERAL)
-        escalated = sum(1 for r in self.records if r["event"] == "rank_escalated")
+            if record.effective_role == ROOT or record.cycle not in incidents:
+                incidents[record.cycle] = _incident_kind(record)
+        collateral = sum(1 for r in failures if r.effective_role == COLLATERAL)
+        escalated = sum(1 for r in self.history if isinstance(r, RankEscalated))
         by_kind = collections.Counter(incidents.values())
-        lost = sum(r.get("since_failure_s") or 0.0 for r in cycles)
-        result = next((r for r in reversed(self.records) if r["event"] == "result"), None)
+        lost = sum(r.since_failure_s or 0.0 for r in cycles)
+        result = next((r for r in reversed(self.history) if isinstance(r, Result)), None)
         parts = [f"{len(cycles)} {'cycle' if len(cycles) == 1 else 'cycles'}"]
         if incidents:
             kinds = ", ".join(f"{count} × {kind}" for kind, count in sorted(by_kind.items(), key=lambda kv: -kv[1]))
@@ -152,40 +170,24 @@ class EventLog:
                 parts.append(f"{escalated} hung {'rank' if escalated == 1 else 'ranks'} needed SIGKILL")
             parts.append(f"{lost:.1f} s from failure detection to restarted workers")
         if result is not None:
-            parts.append(f"result: {result['outcome']} (exit code {result['exit_code']})")
+            parts.append(f"result: {result.outcome} (exit code {result.exit_code})")
         text = "[ft_launcher] summary: " + "; ".join(parts)
         self._print(text)
         if self.path:
             self._print(f"[ft_launcher] event log: {self.path}")
-        self.record("summary", cycles=len(cycles), incidents=len(incidents), incidents_by_kind=dict(by_kind),
-                    collateral=collateral, escalated=escalated, failures=len(incidents),
-                    failures_by_kind=dict(by_kind), restart_seconds=round(lost, 3))
+        self.record_event(Summary(cycles=len(cycles), incidents=len(incidents), incidents_by_kind=dict(by_kind),
+                                  collateral=collateral, escalated=escalated, failures=len(incidents),
+                                  failures_by_kind=dict(by_kind), restart_seconds=round(lost, 3)))
         return text
 
     def last_cycle_root_nodes(self) -> list[str]:
-        """The nodes this launcher's records name as the root of the last started cycle's failure.
-
-        A root record names its own node; a collateral one names the root's (``root_node``).
-        Only hangs, crashes and lost nodes count (not "worker group unhealthy", where torch named
-        no worker), and only the last cycle: an earlier failure was recovered from in the job.
+        """The nodes this launcher's records name as the root of the last started cycle's failure
+        (see :func:`launcher.records.last_cycle_root_nodes`).
 
         Returns:
             Host names in the order first named; empty if the last cycle recorded no failure.
         """
-        cycles = [r.get("cycle") for r in self.records if r["event"] == "cycle_start"]
-        if not cycles:
-            return []
-        nodes: list[str] = []
-        for record in self.records:
-            if record["event"] != "failure" or record.get("cycle") != cycles[-1]:
-                continue
-            if record.get("role", ROOT) == ROOT:
-                node = record.get("node") if record.get("cause_kind") in _ROOT_KINDS else None
-            else:
-                node = record.get("root_node")
-            if isinstance(node, str) and node and node not in nodes:
-                nodes.append(node)
-        return nodes
+        return records.last_cycle_root_nodes(self.history)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -203,15 +205,15 @@ def _plain(detail: dict[str, Any]) -> dict[str, Any]:
     return {key: value.value if isinstance(value, HangKind) else value for key, value in detail.items()}
 
 
-def _incident_kind(record: dict[str, Any]) -> str:
+def _incident_kind(record: Failure) -> str:
     """How the summary names an incident, from its root's record (or a collateral one)."""
-    if record.get("role", ROOT) != ROOT:
-        if record.get("root_outcome") == LOST:  # a node that sent no view (rule 4 of launcher.culprit)
+    if record.effective_role != ROOT:
+        if record.root_outcome == LOST:  # a node that sent no view (rule 4 of launcher.culprit)
             return "lost node"
-        return "root on another node" if record.get("root_node") is not None else "root unknown"
-    if record["cause_kind"] == KIND_HANG:
-        hang = record.get("hang_kind", "hang")
-        return f"hang ({hang}{' ' + repr(record['section']) if record.get('section') else ''})"
-    if record["cause_kind"] in (KIND_SIGNAL, KIND_EXIT):
-        return f"crash ({record['cause']})"
-    return record["cause_kind"]
+        return "root on another node" if record.root_node is not None else "root unknown"
+    if record.cause_kind == KIND_HANG:
+        hang = record.hang_kind or "hang"
+        return f"hang ({hang}{' ' + repr(record.section) if record.section else ''})"
+    if record.cause_kind in (KIND_SIGNAL, KIND_EXIT):
+        return f"crash ({record.cause})"
+    return record.cause_kind

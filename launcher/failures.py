@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ft_core.monitor.deadlines import HangKind
+from ft_core.wire.messages import ProgressReport, RankHang, StackCapture, StacksCaptured
 from ft_core.wire.stacks import innermost_user_frame
 from launcher import culprit
 from launcher.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
@@ -82,18 +83,19 @@ class Evidence:
     Attributes:
         node: This node's host name.
         group_rank: This node's rank in the rendezvous.
-        reports: Local rank -> the monitor's ``progress_report``, taken when the
-            failure was noticed (a crashed rank's report holds its last progress and when its
-            monitor saw it disconnect, ``disconnected_at``).
-        stacks: Local rank -> the monitor's ``stacks_captured`` for ranks stopped as collateral.
+        reports: Local rank -> the monitor's :class:`~ft_core.wire.messages.ProgressReport`, taken
+            when the failure was noticed (a crashed rank's report holds its last progress and
+            when its monitor saw it disconnect, ``disconnected_at``).
+        stacks: Local rank -> the monitor's :class:`~ft_core.wire.messages.StacksCaptured` for
+            ranks stopped as collateral.
         exits_seen_at: Local rank -> epoch seconds at which the launcher saw the worker exit.
         remote: The other nodes' :class:`~launcher.culprit.RankState` for this cycle.
     """
 
     node: str = ""
     group_rank: int | None = None
-    reports: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
-    stacks: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    reports: Mapping[int, ProgressReport] = field(default_factory=dict)
+    stacks: Mapping[int, StacksCaptured] = field(default_factory=dict)
     exits_seen_at: Mapping[int, float] = field(default_factory=dict)
     remote: Sequence[RankState] = ()
 
@@ -118,7 +120,7 @@ def failure_records(
     failures: Mapping[int, ProcessFailureLike],
     *,
     local_ranks: Mapping[int, int],
-    hangs: Mapping[int, Mapping[str, Any]],
+    hangs: Mapping[int, RankHang],
     stopped_by_us: Collection[int],
     cycle: int,
     now: float,
@@ -131,8 +133,8 @@ def failure_records(
         failures: torch's ``RunResult.failures``: global rank -> ``ProcessFailure`` (the agent
             adds a hung worker that exited 0: a hang fails the cycle whatever the exit status).
         local_ranks: Global rank -> local rank of this node's workers.
-        hangs: The monitors' ``rank_hang`` reports of this cycle, by local rank (their ``kind``
-            is a :class:`~ft_core.monitor.deadlines.HangKind` value; with warm
+        hangs: The monitors' :class:`~ft_core.wire.messages.RankHang` reports of this cycle, by
+            local rank (their ``kind`` is a :class:`~ft_core.monitor.deadlines.HangKind` value; with warm
             starts torch knows the trampoline's pid and the monitor the forked worker's, so
             the local rank is the key both share).
         stopped_by_us: Pids the launcher stopped because another worker had failed.
@@ -172,19 +174,20 @@ def failure_records(
     return records
 
 
-def _one(global_rank: int, local_rank: int, failure: ProcessFailureLike, hang: Mapping[str, Any] | None,
+def _one(global_rank: int, local_rank: int, failure: ProcessFailureLike, hang: RankHang | None,
          terminated: bool, cycle: int, now: float, evidence: Evidence) -> tuple[FailureRecord, RankState]:
     detail: dict[str, Any] = {"exit_code": failure.exitcode}
-    report = evidence.reports.get(local_rank) or {}
-    progress = report.get("progress")
-    captured: Mapping[str, Any] = evidence.stacks.get(local_rank) or {}
+    report = evidence.reports.get(local_rank)
+    progress = report.progress if report is not None else None
+    asked = evidence.stacks.get(local_rank)
+    captured: StackCapture | None = asked.stacks if asked is not None else None
     if hang is not None:
-        kind, cause, outcome = KIND_HANG, hang["cause"], culprit.HANG
-        detail.update(hang_kind=HangKind(hang["kind"]), section=hang.get("section"), elapsed=hang["elapsed"],
-                      timeout=hang["timeout"], signal=hang["signal"])
-        detected_at = hang["detected_at"]
-        progress = hang.get("progress") or progress
-        captured = hang if "stack_frames" in hang else captured
+        kind, cause, outcome = KIND_HANG, hang.cause, culprit.HANG
+        detail.update(hang_kind=_hang_kind(hang.kind), section=hang.section, elapsed=hang.elapsed,
+                      timeout=hang.timeout, signal=hang.signal)
+        detected_at = hang.detected_at
+        progress = hang.progress or progress
+        captured = hang.stacks if hang.stacks is not None else captured
     else:
         if terminated:
             kind, outcome = KIND_TERMINATED, culprit.STOPPED
@@ -194,30 +197,30 @@ def _one(global_rank: int, local_rank: int, failure: ProcessFailureLike, hang: M
         else:
             kind, cause, outcome = KIND_EXIT, exit_text(failure.exitcode), culprit.CRASH
         seen = [evidence.exits_seen_at.get(local_rank, now)]
-        disconnected = report.get("disconnected_at")
-        if isinstance(disconnected, (int, float)) and not isinstance(disconnected, bool):
+        if report is not None and report.disconnected_at is not None:
             # The monitor saw the rank's socket close when it exited: a precise, per-rank time
             # (the launcher may notice two exits at once).
-            seen.append(float(disconnected))
+            seen.append(report.disconnected_at)
         detected_at = min(seen) if outcome == culprit.CRASH else now
         error = worker_error(failure.message)
         if error:
             detail["error"] = error
             if kind == KIND_EXIT:  # the exception's summary line, e.g. "ValueError: bad lr"
                 cause = f"{cause}: {error_summary(error)}"
-    frames = list(captured.get("stack_frames") or ())
-    if progress:
-        detail.update(step=progress.get("step"), open_section=progress.get("open_section"),
-                      last_progress_at=progress.get("last_progress_at"))
-    if frames or captured.get("stack_error"):
-        detail.update(stack_file=captured.get("stack_file"), stack_frames=frames,
-                      stack_error=captured.get("stack_error"), user_frame=innermost_user_frame(frames))
+    captured = captured or StackCapture()
+    frames = list(captured.stack_frames)
+    if progress is not None:
+        detail.update(step=progress.step, open_section=progress.open_section,
+                      last_progress_at=progress.last_progress_at)
+    if frames or captured.stack_error:
+        detail.update(stack_file=captured.stack_file, stack_frames=frames,
+                      stack_error=captured.stack_error, user_frame=innermost_user_frame(frames))
     record = FailureRecord(cycle, global_rank, local_rank, failure.pid, cause, kind, detected_at, detail)
     state = RankState(
         rank=global_rank, local_rank=local_rank, node=evidence.node, group_rank=evidence.group_rank,
         pid=failure.pid, outcome=outcome, cause=cause,
         event_at=detected_at if outcome != culprit.STOPPED else None,
-        progress=progress, stack_frames=tuple(frames), stack_file=captured.get("stack_file"),
+        progress=progress, stack_frames=tuple(frames), stack_file=captured.stack_file,
     )
     return record, state
 
@@ -255,6 +258,14 @@ def _explain(record: FailureRecord, state: RankState, root: RankState | None, co
         if root is not None and root.outcome == LOST:
             # rule 4 of launcher.culprit: a node that sent no view; the others it names too
             record.detail["lost_nodes"] = [{"group_rank": n.group_rank, "node": n.host} for n in root.lost_nodes]
+
+
+def _hang_kind(value: str) -> HangKind | str:
+    """The report's hang kind; a kind this launcher does not know (a newer monitor) as sent."""
+    try:
+        return HangKind(value)
+    except ValueError:
+        return value
 
 
 def group_unhealthy_record(cycle: int, now: float) -> FailureRecord:

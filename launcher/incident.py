@@ -20,7 +20,8 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ft_core.wire import protocol
+from ft_core.wire import messages
+from ft_core.wire.messages import ProgressReport, RankHang, StacksCaptured
 from launcher import processes
 from launcher.failures import Evidence
 from launcher.monitors import MonitorPool
@@ -32,14 +33,14 @@ HUNG_EXIT_MARGIN = 2.0
 kills it itself (its monitor sends SIGKILL at the grace; this covers a monitor that cannot)."""
 
 
-def about_an_earlier_worker(event: Mapping[str, Any], worker_pid: int | None) -> bool:
+def about_an_earlier_worker(event: messages.Message, worker_pid: int | None) -> bool:
     """True when a monitor's report (``rank_hang``, ``rank_escalated``) names another pid than
     the rank's current worker: a report the monitor sent about the previous cycle's worker that
     the agent reads only after the restart (e.g. a collateral rank whose own timeout fired while
     the launcher was stopping it). It must not fail the new cycle nor blame the new worker.
     A report without a pid, or a rank whose worker is not known, is taken as current."""
-    pid = event.get("pid")
-    if worker_pid is None or not isinstance(pid, int) or isinstance(pid, bool):
+    pid = event.pid if isinstance(event, (RankHang, messages.RankEscalated)) else None
+    if worker_pid is None or pid is None:
         return False
     return pid != worker_pid
 
@@ -52,11 +53,11 @@ class CycleWatch:
 
     def reset(self) -> None:
         """Forget everything (a new cycle starts)."""
-        self.hangs: dict[int, dict[str, Any]] = {}
+        self.hangs: dict[int, RankHang] = {}
         self.exits_seen_at: dict[int, float] = {}
         self.exit_statuses: dict[int, int] = {}
-        self.reports: dict[int, dict[str, Any]] = {}
-        self.stacks: dict[int, dict[str, Any]] = {}
+        self.reports: dict[int, ProgressReport] = {}
+        self.stacks: dict[int, StacksCaptured] = {}
         self.first_failure_at: float | None = None
         """Monotonic time of the first failure noticed (a hang's detection or a crash)."""
         self.evidence_taken = False
@@ -64,13 +65,11 @@ class CycleWatch:
 
     # ------------------------------------------------------------------ observations
 
-    def on_hang(self, local_rank: int, event: dict[str, Any], grace: float) -> None:
+    def on_hang(self, local_rank: int, event: RankHang, grace: float) -> None:
         """A monitor's ``rank_hang`` report (sent before it signalled the rank)."""
         self.hangs[local_rank] = event
-        detected = event.get("detected_at")
         mono = time.monotonic()
-        if isinstance(detected, (int, float)) and not isinstance(detected, bool):
-            mono = min(mono, mono - (time.time() - detected))
+        mono = min(mono, mono - (time.time() - event.detected_at))
         self._note_failure(mono)
         deadline = time.monotonic() + grace + HUNG_EXIT_MARGIN
         self._hung_deadline = deadline if self._hung_deadline is None else max(self._hung_deadline, deadline)
@@ -109,20 +108,20 @@ class CycleWatch:
         were not reported hung for their stacks (their own monitors took those of hung ranks),
         all at once, bounded by ``budget`` + :data:`QUERY_TIMEOUT`. Call before stopping anyone."""
         self.evidence_taken = True
-        questions: dict[int, list[dict[str, Any]]] = {}
+        questions: dict[int, list[messages.Message]] = {}
         for local_rank in local_ranks:
             if local_rank in self.hangs:
                 continue  # its hang report carries its progress and stacks
-            questions[local_rank] = [{"type": protocol.MSG_PROGRESS_QUERY}]
+            questions[local_rank] = [messages.ProgressQuery()]
             if local_rank in running and budget > 0:
-                questions[local_rank].append({"type": protocol.MSG_CAPTURE_STACKS,
-                                              "reason": "another rank of the job failed"})
+                questions[local_rank].append(messages.CaptureStacks(reason="another rank of the job failed"))
         answers = monitors.ask_each(questions, budget + QUERY_TIMEOUT)
         for local_rank, replies in answers.items():
-            if protocol.MSG_PROGRESS_REPORT in replies:
-                self.reports[local_rank] = replies[protocol.MSG_PROGRESS_REPORT]
-            if protocol.MSG_STACKS_CAPTURED in replies:
-                self.stacks[local_rank] = replies[protocol.MSG_STACKS_CAPTURED]
+            report, stacks = replies.get(ProgressReport), replies.get(StacksCaptured)
+            if isinstance(report, ProgressReport):
+                self.reports[local_rank] = report
+            if isinstance(stacks, StacksCaptured):
+                self.stacks[local_rank] = stacks
 
     def evidence(self, node: str, group_rank: int | None) -> Evidence:
         return Evidence(node=node, group_rank=group_rank, reports=self.reports, stacks=self.stacks,

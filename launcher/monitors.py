@@ -17,12 +17,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ft_core.wire import protocol
-from ft_core.wire.config import FaultToleranceConfig
 from ft_core.monitor.link import MonitorLink
 from ft_core.monitor.process import MonitorProcess
-from ft_core.wire.osutil import signals_blocked
 from ft_core.monitor.server import RankMonitorServer
+from ft_core.wire import messages
+from ft_core.wire.config import FaultToleranceConfig
+from ft_core.wire.osutil import signals_blocked
 from launcher import processes
 
 logger = logging.getLogger(__name__)
@@ -33,12 +33,8 @@ PING_TIMEOUT = 2.0
 it may be spending) is replaced."""
 UNRESPONSIVE = "unresponsive"
 EXITED = "exited"
-REPLIES = {
-    protocol.MSG_PING: protocol.MSG_PONG,
-    protocol.MSG_PROGRESS_QUERY: protocol.MSG_PROGRESS_REPORT,
-    protocol.MSG_CAPTURE_STACKS: protocol.MSG_STACKS_CAPTURED,
-}
-"""The answer a monitor gives to each question of the launcher (see ft_core.wire.protocol)."""
+REPLIES = messages.REPLIES
+"""The answer a monitor gives to each question of the launcher (see ft_core.wire.messages)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +125,7 @@ class MonitorPool:
         if probe:
             alive = [local_rank for local_rank in self._slots if local_rank not in reasons]
             budget = self.cfg.stack_capture_budget or 0.0
-            answered = self.ask(alive, {"type": protocol.MSG_PING}, protocol.MSG_PONG, PING_TIMEOUT + budget)
+            answered = self.ask(alive, messages.Ping(), PING_TIMEOUT + budget)
             reasons.update((local_rank, UNRESPONSIVE) for local_rank in alive if local_rank not in answered)
         replaced = []
         for local_rank, reason in sorted(reasons.items()):
@@ -144,42 +140,47 @@ class MonitorPool:
             self._start_ranks([r.local_rank for r in replaced])
         return replaced
 
-    def ask(self, local_ranks: Iterable[int], message: dict[str, Any], reply_type: str,
-            timeout: float) -> dict[int, dict[str, Any]]:
+    def ask(self, local_ranks: Iterable[int], message: messages.Message,
+            timeout: float) -> dict[int, messages.Message]:
         """Send ``message`` to the monitors of ``local_ranks`` at once; collect their answers.
 
         Returns:
-            Local rank -> answer (of ``reply_type``), for the monitors that answered in time.
+            Local rank -> answer (of the class :data:`REPLIES` names), for the monitors that
+            answered in time.
         """
+        reply_type = REPLIES[type(message)]
         answers = self.ask_each({local_rank: [message] for local_rank in local_ranks}, timeout)
         return {local_rank: replies[reply_type] for local_rank, replies in answers.items() if reply_type in replies}
 
-    def ask_each(self, questions: dict[int, list[dict[str, Any]]], timeout: float) -> dict[int, dict[str, dict[str, Any]]]:
+    def ask_each(self, questions: dict[int, list[messages.Message]],
+                 timeout: float) -> dict[int, dict[type[messages.Message], messages.Message]]:
         """Send each monitor its questions (in order), all monitors at once; collect the answers.
 
         A monitor answers its questions in order; other messages that arrive meanwhile stay
         for :meth:`poll_events`.
 
         Args:
-            questions: Local rank -> requests (``ping``, ``progress_query``, ``capture_stacks``).
+            questions: Local rank -> requests (:class:`~ft_core.wire.messages.Ping`,
+                :class:`~ft_core.wire.messages.ProgressQuery`,
+                :class:`~ft_core.wire.messages.CaptureStacks`).
             timeout: Seconds to wait for all answers in total.
 
         Returns:
-            Local rank -> reply type -> answer, for the answers that arrived in time.
+            Local rank -> reply class -> answer, for the answers that arrived in time.
         """
-        waiting: dict[int, tuple[MonitorLink, set[str]]] = {}
-        for local_rank, messages in questions.items():
+        waiting: dict[int, tuple[MonitorLink, set[type[messages.Message]]]] = {}
+        for local_rank, asked in questions.items():
             slot = self._slots.get(local_rank)
-            if slot is None or slot.link is None or slot.link.lost or not messages:
+            if slot is None or slot.link is None or slot.link.lost or not asked:
                 continue
-            if all(slot.link.send(message) for message in messages):
-                waiting[local_rank] = (slot.link, {REPLIES[m["type"]] for m in messages})
-        answers: dict[int, dict[str, dict[str, Any]]] = {}
+            if all(slot.link.send(message) for message in asked):
+                waiting[local_rank] = (slot.link, {REPLIES[type(m)] for m in asked})
+        answers: dict[int, dict[type[messages.Message], messages.Message]] = {}
         deadline = time.monotonic() + timeout
         while waiting:
             for local_rank, (link, expected) in list(waiting.items()):
                 for reply_type in list(expected):
-                    answer = link.take(reply_type)
+                    answer = link.take_message(reply_type)
                     if answer is not None:
                         answers.setdefault(local_rank, {})[reply_type] = answer
                         expected.discard(reply_type)
@@ -196,19 +197,21 @@ class MonitorPool:
         if slot is not None and slot.link is not None:
             slot.link.worker_started(pid, cycle, rank)
 
-    def poll_events(self) -> list[tuple[int, dict[str, Any]]]:
-        """Events from all monitors, without blocking; includes ``monitor_lost`` pseudo-events."""
-        events = []
+    def poll_events(self) -> list[tuple[int, messages.Message]]:
+        """Typed messages from all monitors, without blocking (``rank_hang``, ``rank_escalated``,
+        ``rank_connected``...); includes a :class:`~ft_core.wire.messages.MonitorLost` for a
+        link that broke."""
+        events: list[tuple[int, messages.Message]] = []
         for local_rank, slot in sorted(self._slots.items()):
             if slot.link is None:
                 continue
             was_lost = slot.link.lost
-            for event in slot.link.poll_events():
+            for event in slot.link.poll_messages():
                 events.append((local_rank, event))
             if slot.link.lost and not was_lost:
                 slot.process.join(0.2)
-                events.append((local_rank, {"type": protocol.MSG_MONITOR_LOST, "exit_code": slot.process.exitcode,
-                                            "monitor_pid": slot.process.pid}))
+                events.append((local_rank, messages.MonitorLost(exit_code=slot.process.exitcode,
+                                                                monitor_pid=slot.process.pid)))
         return events
 
     def filenos(self) -> list[int]:

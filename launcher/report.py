@@ -28,6 +28,7 @@ ours: goodput and the mean time to recover. The event log does not know training
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import datetime
 import json
@@ -37,13 +38,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from launcher import records as kinds
 from launcher.goodput import Recovery, run_figures
+from launcher.records import (
+    ROLE_COLLATERAL,
+    ROLE_ROOT,
+    ControlRequest,
+    CycleStart,
+    EventRecord,
+    Failure,
+    LauncherStart,
+    Result,
+    WorkersReady,
+)
 
 EVENT_LOG_GLOB = "ft_events*.jsonl"
 HISTORY_FILE = "history.tsv"
-ROLE_ROOT = "root"
-ROLE_COLLATERAL = "collateral"
-_TERMINATED = "terminated"  # launcher.failures.KIND_TERMINATED; this module imports no torch
 _LOST = "lost"  # launcher.culprit.LOST: the root was a node that sent no view of the failure
 LOST_NODE_KIND = "lost node"
 _SAME_LOSS_S = 30.0
@@ -64,7 +74,7 @@ class Cycle:
     ended: Optional[float] = None
     since_failure_s: Optional[float] = None
     warm: Optional[bool] = None
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
 
 
 @dataclass
@@ -76,16 +86,16 @@ class LauncherRun:
     run_id: Optional[str]
     started: float
     attempt: Optional[int] = None
-    start_record: dict[str, Any] = field(default_factory=dict)
+    start_record: LauncherStart = field(default_factory=LauncherStart)
     cycles: list[Cycle] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-    result: Optional[dict[str, Any]] = None
+    events: list[EventRecord] = field(default_factory=list)
+    result: Optional[Result] = None
 
     @property
     def ended(self) -> float:
         if self.result is not None:
-            return float(self.result["ts"])
-        return max([self.started] + [float(e["ts"]) for e in self.events])
+            return _ts(self.result)
+        return max([self.started] + [_ts(e) for e in self.events])
 
 
 @dataclass
@@ -125,28 +135,23 @@ def _event_files(path: Path) -> tuple[list[Path], Optional[Path]]:
     raise ReportError(f"{path} does not exist")
 
 
-def read_events(files: Iterable[Path]) -> tuple[list[dict[str, Any]], int]:
-    """Records of every file, by time; lines that are not JSON objects are counted, not fatal."""
-    records, skipped = [], 0
+def read_events(files: Iterable[Path]) -> tuple[list[EventRecord], int]:
+    """Typed records of every file, by time (:func:`launcher.records.read_events`); lines that
+    cannot be read (not JSON, unknown kinds, newer schema, malformed) are counted, not fatal."""
+    found: list[EventRecord] = []
+    skipped: collections.Counter = collections.Counter()
     for file in files:
         try:
-            lines = file.read_text(encoding="utf-8", errors="replace").splitlines()
+            found.extend(kinds.read_events(file, skipped))
         except OSError as err:
             raise ReportError(f"cannot read {file}: {err.strerror}") from None
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                skipped += 1
-                continue
-            if isinstance(record, dict) and "event" in record and isinstance(record.get("ts"), (int, float)):
-                records.append(record)
-            else:
-                skipped += 1
-    records.sort(key=lambda r: float(r["ts"]))
-    return records, skipped
+    found.sort(key=_ts)
+    return found, sum(skipped.values())
+
+
+def _ts(record: EventRecord) -> float:
+    """A record's time stamp (every record :func:`read_events` yields has one)."""
+    return record.ts if record.ts is not None else 0.0
 
 
 def _parse_time(text: str) -> Optional[float]:
@@ -171,7 +176,7 @@ def read_history(path: Optional[Path]) -> list[Attempt]:
     return attempts
 
 
-def build_runs(records: Sequence[dict[str, Any]]) -> list[LauncherRun]:
+def build_runs(records: Sequence[EventRecord]) -> list[LauncherRun]:
     """Group records by launcher (node and run id; node and pid in logs without run ids) and cycle.
 
     A ``launcher_start`` record begins a new launcher run even when its key was seen before (a
@@ -181,63 +186,58 @@ def build_runs(records: Sequence[dict[str, Any]]) -> list[LauncherRun]:
     runs: dict[tuple[Any, Any], LauncherRun] = {}
     order: list[LauncherRun] = []
     for record in records:
-        key = (record.get("node"), record.get("run_id") or f"pid {record.get('pid')}")
+        key = (record.node, record.run_id or f"pid {record.pid}")
         run = runs.get(key)
-        if record["event"] == "launcher_start" or run is None:
-            attempt = record.get("attempt")
-            run = LauncherRun(str(record.get("node")), int(record.get("pid") or 0), record.get("run_id"),
-                              float(record["ts"]), int(attempt) if str(attempt).isdigit() else None,
-                              record if record["event"] == "launcher_start" else {})
+        if isinstance(record, LauncherStart) or run is None:
+            attempt = record.attempt if isinstance(record, LauncherStart) else None
+            run = LauncherRun(str(record.node), record.pid or 0, record.run_id, _ts(record),
+                              int(attempt) if str(attempt).isdigit() else None,
+                              record if isinstance(record, LauncherStart) else LauncherStart())
             runs[key] = run
             order.append(run)
-            if record["event"] == "launcher_start":
+            if isinstance(record, LauncherStart):
                 continue
         _add(run, record)
     return order
 
 
-def _add(run: LauncherRun, record: dict[str, Any]) -> None:
-    event = record["event"]
+def _add(run: LauncherRun, record: EventRecord) -> None:
     run.events.append(record)
     cycle = run.cycles[-1] if run.cycles else None
-    if event == "cycle_start":
+    if isinstance(record, CycleStart):
         if cycle is not None and cycle.ended is None:
-            cycle.ended = float(record["ts"])
-        run.cycles.append(Cycle(int(record.get("cycle", len(run.cycles))), float(record["ts"]),
-                                since_failure_s=record.get("since_failure_s"), warm=record.get("warm_start")))
-    elif event == "workers_ready" and cycle is not None and cycle.ready is None:
-        cycle.ready = float(record["ts"])
-    elif event == "failure":
-        target = next((c for c in reversed(run.cycles) if c.index == record.get("cycle")), cycle)
+            cycle.ended = _ts(record)
+        run.cycles.append(Cycle(record.cycle, _ts(record), since_failure_s=record.since_failure_s,
+                                warm=record.warm_start))
+    elif isinstance(record, WorkersReady) and cycle is not None and cycle.ready is None:
+        cycle.ready = _ts(record)
+    elif isinstance(record, Failure):
+        target = next((c for c in reversed(run.cycles) if c.index == record.cycle), cycle)
         if target is not None:
             target.failures.append(record)
             # a cycle ends at its first failure, root or not (the root may be on another node)
             target.ended = min(_failed_at(record), target.ended if target.ended is not None else float("inf"))
-    elif event == "result":
+    elif isinstance(record, Result):
         run.result = record
         if cycle is not None and cycle.ended is None:
-            cycle.ended = float(record["ts"])
+            cycle.ended = _ts(record)
 
 
-def role(failure: dict[str, Any]) -> str:
+def role(failure: Failure) -> str:
     """``root`` or ``collateral``: the record's ``role`` when the launcher gives one, else from
     its cause (a worker the launcher stopped because another failed is collateral)."""
-    given = failure.get("role")
-    if given in (ROLE_ROOT, ROLE_COLLATERAL):
-        return given
-    return ROLE_COLLATERAL if failure.get("cause_kind") == _TERMINATED else ROLE_ROOT
+    return failure.effective_role
 
 
-def lost_node(cycle: Cycle) -> Optional[dict[str, Any]]:
+def lost_node(cycle: Cycle) -> Optional[Failure]:
     """The first record of a cycle whose root was a node that sent no report (rule 4 of
     :mod:`launcher.culprit`); None if its root was a rank."""
-    found = [f for f in cycle.failures if f.get("root_outcome") == _LOST]
+    found = [f for f in cycle.failures if f.root_outcome == _LOST]
     return min(found, key=_failed_at) if found else None
 
 
-def _failed_at(failure: dict[str, Any]) -> float:
-    value = failure.get("detected_at")
-    return float(value) if isinstance(value, (int, float)) else float(failure["ts"])
+def _failed_at(failure: Failure) -> float:
+    return failure.detected_at if failure.detected_at is not None else _ts(failure)
 
 
 def load(path: str | Path) -> Report:
@@ -247,10 +247,10 @@ def load(path: str | Path) -> Report:
         ReportError: Nothing readable there.
     """
     files, history = _event_files(Path(path))
-    records, skipped = read_events(files)
-    if not records:
+    found, skipped = read_events(files)
+    if not found:
         raise ReportError(f"no event records in {', '.join(str(f) for f in files)}")
-    runs, attempts = build_runs(records), read_history(history)
+    runs, attempts = build_runs(found), read_history(history)
     for attempt in attempts:
         # history.tsv has whole seconds: an attempt ends no earlier than its launchers did
         ends = [run.ended for run in runs if run.attempt == attempt.number]
@@ -265,12 +265,12 @@ def load(path: str | Path) -> Report:
 # ---------------------------------------------------------------------- figures
 
 
-def failure_kind(failure: dict[str, Any]) -> str:
+def failure_kind(failure: Failure) -> str:
     """``hang (heartbeat)``, ``hang (section 'step')``, ``exit``, ``signal``...: for per-kind figures."""
-    kind = str(failure.get("cause_kind", "unknown"))
-    if kind == "hang" and failure.get("hang_kind"):
-        section = failure.get("section")
-        return f"hang ({failure['hang_kind']}{' ' + repr(section) if section else ''})"
+    kind = failure.cause_kind
+    if kind == "hang" and failure.hang_kind:
+        section = failure.section
+        return f"hang ({failure.hang_kind}{' ' + repr(section) if section else ''})"
     return kind
 
 
@@ -324,7 +324,7 @@ def figures(report: Report) -> dict[str, Any]:
 def lost_node_incidents(report: Report) -> int:
     """Incidents whose root was a lost node: no node's log holds a root record for them, each
     survivor's log names the node; records of the same node within :data:`_SAME_LOSS_S` count once."""
-    seen = sorted(((run.run_id, record.get("root_group_rank"), record.get("root_node")), _failed_at(record))
+    seen = sorted(((run.run_id, record.root_group_rank, record.root_node), _failed_at(record))
                   for run in report.runs for cycle in run.cycles if (record := lost_node(cycle)) is not None)
     count, last = 0, None
     for key, at in seen:
@@ -350,6 +350,11 @@ def _seconds(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.2f} s"
 
 
+def _or_unknown(value: Any) -> str:
+    """A field's value for the timeline; ``?`` when the record did not have it."""
+    return "?" if value is None else str(value)
+
+
 def timeline_lines(report: Report) -> list[str]:
     """The timeline as text lines, oldest first."""
     origin = _origin(report)
@@ -369,8 +374,8 @@ def timeline_lines(report: Report) -> list[str]:
         where = f"[{run.node}]"
         attempt = f", autoresume attempt {run.attempt}" if run.attempt is not None else ""
         add(run.started, f"{where} ft_launcher started (run id {run.run_id}{attempt}; nnodes "
-                         f"{start.get('nnodes', '?')}, {start.get('nproc_per_node', '?')} worker(s) per node, "
-                         f"--max-restarts {start.get('max_restarts', '?')})", -1)
+                         f"{_or_unknown(start.nnodes)}, {_or_unknown(start.nproc_per_node)} worker(s) per node, "
+                         f"--max-restarts {_or_unknown(start.max_restarts)})", -1)
         for cycle in run.cycles:
             how = "warm" if cycle.warm else "cold" if cycle.warm is not None else ""
             after = f", {cycle.since_failure_s:.2f} s after the failure" if cycle.since_failure_s else ""
@@ -382,29 +387,30 @@ def timeline_lines(report: Report) -> list[str]:
             others = [f for f in cycle.failures if role(f) != ROLE_ROOT]
             lost = lost_node(cycle) if not roots else None
             if lost is not None:
-                add(_failed_at(lost), f"{where} cycle {cycle.index}: ROOT CAUSE: {lost.get('root_cause', '?')}", 1)
-                add(_failed_at(lost), f"{where} cycle {cycle.index}: decision: {lost.get('decision', '?')}", 2)
+                add(_failed_at(lost), f"{where} cycle {cycle.index}: ROOT CAUSE: {_or_unknown(lost.root_cause)}", 1)
+                add(_failed_at(lost), f"{where} cycle {cycle.index}: decision: {_or_unknown(lost.decision)}", 2)
             # root causes, the decision taken on them, then the workers stopped as a consequence
             for number, failure in enumerate(roots + others):
                 label = "ROOT CAUSE" if role(failure) == ROLE_ROOT else "collateral"
-                add(_failed_at(failure), f"{where} cycle {cycle.index}: {label}: rank {failure.get('rank', '?')} "
-                                         f"(local rank {failure.get('local_rank', '?')}, pid {failure.get('worker_pid', '?')}): "
-                                         f"{failure.get('cause', '?')}", 1 + number + (number >= len(roots)) + 2 * (lost is not None))
+                add(_failed_at(failure), f"{where} cycle {cycle.index}: {label}: rank {_or_unknown(failure.rank)} "
+                                         f"(local rank {_or_unknown(failure.local_rank)}, pid "
+                                         f"{_or_unknown(failure.worker_pid)}): {failure.cause}",
+                    1 + number + (number >= len(roots)) + 2 * (lost is not None))
             if roots:
-                add(_failed_at(roots[0]), f"{where} cycle {cycle.index}: decision: {roots[0].get('decision', '?')}",
+                add(_failed_at(roots[0]), f"{where} cycle {cycle.index}: decision: {_or_unknown(roots[0].decision)}",
                     1 + len(roots))
         for record in run.events:
-            if record["event"] == "restart":
-                add(float(record["ts"]), f"{where} restart: {record.get('reason', '?')}")
-            elif record["event"] == "control_request":
-                source = f" from node {record['from_node']}" if record.get("from_node") else ""
-                add(float(record["ts"]), f"{where} rank {record.get('rank', '?')}{source} requested "
-                                         f"{record.get('action', '?')}: {record.get('description') or '(no reason given)'}")
-            elif record["event"] in ("monitor_died", "monitor_replaced", "leftovers_killed"):
-                add(float(record["ts"]), f"{where} {record['event'].replace('_', ' ')}")
+            if isinstance(record, kinds.Restart):
+                add(_ts(record), f"{where} restart: {_or_unknown(record.reason)}")
+            elif isinstance(record, ControlRequest):
+                source = f" from node {record.from_node}" if record.from_node else ""
+                add(_ts(record), f"{where} rank {_or_unknown(record.rank)}{source} requested "
+                                 f"{_or_unknown(record.action)}: {record.description or '(no reason given)'}")
+            elif isinstance(record, (kinds.MonitorDied, kinds.MonitorReplaced, kinds.LeftoversKilled)):
+                add(_ts(record), f"{where} {record.EVENT.replace('_', ' ')}")
         if run.result is not None:
-            add(float(run.result["ts"]), f"{where} ft_launcher ended: {run.result.get('outcome')} "
-                                         f"(exit code {run.result.get('exit_code')})", 3)
+            add(_ts(run.result), f"{where} ft_launcher ended: {run.result.outcome} "
+                                 f"(exit code {run.result.exit_code})", 3)
     return [text for _, _, text in sorted(items, key=lambda item: (item[0], item[1]))]
 
 
@@ -469,7 +475,7 @@ def plot(report: Report, values: dict[str, Any], path: str | Path) -> None:
                     ax.text(x, y - 0.3, failure_kind(failure), fontsize=8, ha="center", va="top", color="#b71c1c",
                             bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
         if run.result is not None:
-            ax.text(run.ended - origin, y, f"  {run.result.get('outcome')}", fontsize=8, va="center")
+            ax.text(run.ended - origin, y, f"  {run.result.outcome}", fontsize=8, va="center")
     ax.set_yticks(range(len(nodes)), [f"node {n}" for n in nodes])
     ax.set_ylim(-0.8, len(nodes) - 0.2)
     ax.set_xlim(-0.02 * max(end, 1.0), end * 1.08 + 0.5)

@@ -12,6 +12,12 @@ the launcher why (before signalling, so the launcher never sees the death withou
 sends ``SIGCONT`` and then ``rank_termination_signal``. Detection lands within milliseconds of
 the timeout and an idle or busy rank costs the monitor nothing in between.
 
+A job-wide stop (``scontrol suspend``, SLURM's PreemptMode=SUSPEND: SIGSTOP to every process of
+the job, SIGCONT later) stops the monitor too, while the monotonic clock runs on. The monitor
+notices that it was stopped (it receives the SIGCONT, or it woke far later than it asked) and
+restarts its deadlines from that moment, with one INFO line; a rank stopped alone is still a
+hang (see :func:`ft_core.monitor.deadlines.was_suspended`).
+
 Connections (:mod:`ft_core.monitor.message_server`: Unix socket, same uid only, length-prefixed JSON):
 the rank (``init``, timeout updates, ``shutdown``) and the launcher (``launcher_hello``,
 ``worker_started``, ``launcher_bye``). If the launcher goes away without saying goodbye, the
@@ -32,15 +38,14 @@ import time
 from typing import Any, Optional
 
 from ft_core.monitor import deadlines
-
-from ft_core.wire import protocol, stacks
-from ft_core.wire.config import FaultToleranceConfig, Role
-from ft_core.wire.errors import ProtocolError
 from ft_core.monitor.message_server import Connection, MessageServer
-from ft_core.wire.osutil import in_main_thread, set_parent_death_signal
-from ft_core.wire.procfs import pid_alive
 from ft_core.monitor.session import RankSession
 from ft_core.monitor.termination import Escalations, signal_rank
+from ft_core.wire import messages, protocol, stacks
+from ft_core.wire.config import FaultToleranceConfig, Role
+from ft_core.wire.errors import ProtocolError
+from ft_core.wire.osutil import in_main_thread, set_parent_death_signal
+from ft_core.wire.procfs import pid_alive
 
 logger = logging.getLogger(__name__)
 
@@ -99,11 +104,17 @@ class RankMonitorServer:
         self._launcher: Connection | None = None
         self._worker_pid: int | None = None
         self._stop_reason: str | None = None
+        # Set by the SIGCONT handler: the monitor was stopped (see _resume_after_suspension).
+        self._continued = False
+        # When the loop last ran (monotonic): a suspension began after it.
+        self._running_at = time.monotonic()
+        # When a late wake-up (no SIGCONT) last counted as a suspension (None: never).
+        self._late_suspension_at: float | None = None
         self._parent_gone = False
         self._cycle: int | None = None
         self._escalations = Escalations(cfg.rank_termination_grace or 0.0)
         # The progress of the last rank that detached (the launcher asks after a crash).
-        self._last_report: dict[str, Any] | None = None
+        self._last_report: messages.ProgressReport | None = None
 
     # ------------------------------------------------------------------ entry points
 
@@ -209,12 +220,17 @@ class RankMonitorServer:
             # they are for the ranks, not for us.
             for sig in (signal.SIGUSR1, signal.SIGUSR2):
                 signal.signal(sig, signal.SIG_IGN)
+            # A job-wide stop ends with SIGCONT to every process: the handler tells the loop that
+            # the monitor itself was stopped (the process continues either way).
+            signal.signal(signal.SIGCONT, self._on_signal)
             set_parent_death_signal(PARENT_DEATH_SIGNAL)
         if os.getppid() != self.parent_pid:
             self._parent_gone = True
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
-        if signum == PARENT_DEATH_SIGNAL:
+        if signum == signal.SIGCONT:
+            self._continued = True
+        elif signum == PARENT_DEATH_SIGNAL:
             self._parent_gone = True
         elif self._stop_reason is None:
             self._stop_reason = f"received {signal.Signals(signum).name}"
@@ -227,6 +243,7 @@ class RankMonitorServer:
                 self._handle_parent_gone("the launcher process exited")
                 return
             now = time.monotonic()
+            self._running_at = now
             wake_at = next_housekeeping
             look_again = self._check_rank(now)
             if look_again is not None:
@@ -238,7 +255,8 @@ class RankMonitorServer:
                 if conn.role == "pending":
                     wake_at = min(wake_at, conn.accepted_at + HANDSHAKE_TIMEOUT)
             self._io.poll(max(0.0, wake_at - now))
-            now = time.monotonic()
+            planned_wake, now = max(now, wake_at), time.monotonic()
+            self._resume_after_suspension(planned_wake, now)
             if now >= next_housekeeping:
                 self._housekeeping(now)
                 next_housekeeping = now + interval
@@ -287,12 +305,12 @@ class RankMonitorServer:
 
     def _attach_launcher(self, conn: Connection) -> None:
         if self._launcher is not None:
-            self._io.send(conn, {"type": protocol.MSG_ERROR, "error": "a launcher is already attached"})
+            self._io.send(conn, messages.Error(error="a launcher is already attached").to_wire())
             self._io.drop(conn, None)
             return
         conn.role = _LAUNCHER
         self._launcher = conn
-        self._io.send(conn, {"type": protocol.MSG_OK})
+        self._io.send(conn, messages.Ok().to_wire())
 
     def _handle_launcher_message(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -310,39 +328,39 @@ class RankMonitorServer:
             self._worker_pid = None
             self._stop_reason = "launcher said goodbye"
         elif kind == protocol.MSG_PING:
-            self._notify_launcher({"type": protocol.MSG_PONG})
+            self._notify_launcher(messages.Pong())
         elif kind == protocol.MSG_PROGRESS_QUERY:
-            self._notify_launcher({"type": protocol.MSG_PROGRESS_REPORT, **self._progress_report()})
+            self._notify_launcher(self._progress_report())
         elif kind == protocol.MSG_CAPTURE_STACKS:
             reason = str(message.get("reason") or "requested by the launcher")[:200]
-            self._notify_launcher({"type": protocol.MSG_STACKS_CAPTURED, **self._capture_for_launcher(reason)})
+            self._notify_launcher(self._capture_for_launcher(reason))
         else:
             raise ProtocolError(f"unexpected launcher message {kind!r}")
 
-    def _progress_report(self) -> dict[str, Any]:
+    def _progress_report(self) -> messages.ProgressReport:
         """The ``progress_report`` answer: the attached rank, else the last one that detached."""
         session = self._session
         if session is not None:
-            return {**session.identity(), "connected": True, "progress": session.progress()}
+            return messages.ProgressReport(**session.identity(), connected=True, progress=session.progress())
         if self._last_report is not None:
-            return {**self._last_report, "connected": False}
-        return {"rank": None, "local_rank": None, "pid": None, "connected": False, "progress": None}
+            return self._last_report
+        return messages.ProgressReport()
 
-    def _capture_for_launcher(self, reason: str) -> dict[str, Any]:
+    def _capture_for_launcher(self, reason: str) -> messages.StacksCaptured:
         session = self._session
         if session is None or not pid_alive(session.pid):
-            return {"rank": None, "local_rank": None, "pid": None, "stack_file": None, "stack_frames": [],
-                    "stack_error": "no live rank is attached to this monitor"}
-        return {**session.identity(), **self._capture(session, reason)}
+            return messages.StacksCaptured(
+                stacks=messages.StackCapture(stack_error="no live rank is attached to this monitor"))
+        return messages.StacksCaptured(**session.identity(), stacks=self._capture(session, reason))
 
-    def _capture(self, session: RankSession, reason: str) -> dict[str, Any]:
+    def _capture(self, session: RankSession, reason: str) -> messages.StackCapture:
         return session.capture_stacks(self.cfg.stack_capture_budget or 0.0, self.stacks_dir,
                                       f"on node {self.hostname}, cycle {self._cycle}: {reason}",
                                       "" if self._cycle is None else f"cycle{self._cycle}_")
 
-    def _notify_launcher(self, message: dict[str, Any]) -> None:
+    def _notify_launcher(self, message: messages.Message) -> None:
         if self._launcher is not None:
-            self._io.send(self._launcher, message)
+            self._io.send(self._launcher, message.to_wire())
 
     def _handle_parent_gone(self, why: str) -> None:
         """The launcher is gone: nothing will restart or reap the worker, so stop it."""
@@ -401,7 +419,7 @@ class RankMonitorServer:
             return
         self._session = session
         logger.debug("attached %s", session.describe())
-        self._notify_launcher({"type": protocol.MSG_RANK_CONNECTED, "pid": session.pid, **session.info})
+        self._notify_launcher(messages.RankConnected(pid=session.pid, **session.info))
 
     def _refuse(self, conn: Connection, error: str) -> None:
         self._io.send(conn, {"type": protocol.MSG_ERROR, "error": error})
@@ -412,7 +430,8 @@ class RankMonitorServer:
         if session is None:
             return
         self._session = None
-        self._last_report = {**session.identity(), "progress": session.progress(), "disconnected_at": time.time()}
+        self._last_report = messages.ProgressReport(**session.identity(), connected=False, progress=session.progress(),
+                                                    disconnected_at=time.time())
         session.close()
         logger.debug("detached %s: %s", session.describe(), reason)
         self._io.drop(session.conn, None)
@@ -440,6 +459,9 @@ class RankMonitorServer:
         if session is None or session.hang_handled:
             return None
         verdict = deadlines.check(session.timeouts, session.read_slot(), now)
+        if verdict.hang is not None and self._resume_after_suspension(now, now):
+            # The SIGCONT of a job-wide stop was handled only now: the deadlines restarted.
+            verdict = deadlines.check(session.timeouts, session.read_slot(), now)
         if verdict.hang is None:
             return verdict.wake_at
         if not pid_alive(session.pid):
@@ -448,18 +470,41 @@ class RankMonitorServer:
         self._handle_hang(session, verdict.hang, now)
         return None
 
+    def _resume_after_suspension(self, planned_wake: float, now: float) -> bool:
+        """Restart every deadline at ``now`` if the monitor itself was stopped; True if it was.
+
+        Stopped means a SIGCONT arrived, or the loop woke far later than ``planned_wake``
+        (:func:`deadlines.was_suspended`). A monitor stopped with its rank (a job-wide stop)
+        cannot tell how long the rank could run, so the rank gets its full timeouts again.
+        """
+        continued, self._continued = self._continued, False
+        if not deadlines.was_suspended(planned_wake, now, continued, self._late_suspension_at):
+            return False
+        if not continued:
+            self._late_suspension_at = now
+        logger.info("the monitor was suspended for up to %.1f s (job-wide stop?): deadlines restarted",
+                    now - self._running_at)
+        self._running_at = now
+        if self._session is not None:
+            self._session.timeouts.restart_clocks(now)
+        for conn in self._io.connections():
+            if conn.role == "pending":  # a handshake in progress gets its full time again too
+                conn.accepted_at = max(conn.accepted_at, now)
+        return True
+
     def _handle_hang(self, session: RankSession, deadline: deadlines.Deadline, now: float) -> None:
         session.hang_handled = True
         sig = self.cfg.rank_termination_signal
-        message = session.hang_message(deadline, now, self.hostname, sig.name)
+        hang = session.hang_message(deadline, now, self.hostname, sig.name)
         # Evidence before the kill: the stacks first (bounded), then the report, then the signal.
-        message.update(self._capture(session, message["cause"]))
-        where = stacks.innermost_user_frame(message["stack_frames"]) or (message["stack_frames"] or [None])[0]
+        captured = self._capture(session, hang.cause)
+        hang = messages.with_stacks(hang, captured)
+        where = stacks.innermost_user_frame(captured.stack_frames) or (captured.stack_frames or [None])[0]
         logger.error(
             "%s on node %s: %s%s; sending SIGCONT then %s",
-            session.describe(), self.hostname, message["cause"], f" (at {where})" if where else "", sig.name,
+            session.describe(), self.hostname, hang.cause, f" (at {where})" if where else "", sig.name,
         )
-        self._notify_launcher(message)
+        self._notify_launcher(hang)
         group = signal_rank(session.pid, sig, self._worker_pid)
         if sig != signal.SIGKILL:
             self._escalations.start(session.pid, group, session.identity(), time.monotonic())
@@ -469,7 +514,7 @@ class RankMonitorServer:
         for killed in self._escalations.run_due(now):
             logger.error("rank %s (pid %s) was still alive %.1f s after %s; sent SIGKILL to its process group",
                          killed.get("rank"), killed["pid"], killed["after"], self.cfg.rank_termination_signal.name)
-            self._notify_launcher({"type": protocol.MSG_RANK_ESCALATED, **killed})
+            self._notify_launcher(messages.RankEscalated.from_wire(killed))
         return self._escalations.next_due()
 
 

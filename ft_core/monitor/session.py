@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ft_core.monitor import deadlines
-
+from ft_core.monitor.message_server import Connection
 from ft_core.wire import protocol, stacks
 from ft_core.wire.config import ConfigError, FaultToleranceConfig, parse_seconds
 from ft_core.wire.errors import ProtocolError
-from ft_core.monitor.message_server import Connection
+from ft_core.wire.messages import Progress, RankHang, StackCapture
 from ft_core.wire.procfs import read_stat
 from ft_core.wire.progress_slot import ProgressSlot
 from ft_core.wire.stacks import StackTarget
@@ -96,16 +96,11 @@ class RankSession:
             sections_open_since=tuple(slot.section_open_since(i) for i in range(slot.section_count)),
         )
 
-    def progress(self) -> dict[str, Any]:
+    def progress(self) -> Progress:
         """What the rank last did, for the launcher's root-cause analysis (``progress_report``).
 
-        Times are epoch seconds (the launcher compares them across nodes): ``last_progress_at``
-        is the last heartbeat or section open/close (the connection when there was none),
-        ``open_section`` the most recently opened section still open, ``step`` what the front
-        end announced with ``set_step`` (None if it never did), ``heartbeats`` the count so far.
-        Extensions: ``section_since`` (when the open section opened, or when the rank left the
-        last section; None for a rank that never used sections) and ``stopped`` (the process is
-        stopped, e.g. by SIGSTOP).
+        Times are epoch seconds (the launcher compares them across nodes); the fields are
+        described on :class:`~ft_core.wire.messages.Progress`.
         """
         reading = self.read_slot()
         mono_now, wall_now = time.monotonic(), time.time()
@@ -123,25 +118,25 @@ class RankSession:
         elif reading.last_section_activity > 0.0 and reading.out_of_section_since > 0.0:
             section_since = wall(reading.out_of_section_since)
         stat = read_stat(self.pid)
-        return {
-            "last_progress_at": wall(last if last > 0.0 else self.timeouts.connected_at),
-            "open_section": open_section,
-            "step": self.slot.step(),
-            "heartbeats": self.slot.heartbeat_count(),
-            "section_since": section_since,
-            "stopped": stat is not None and stat.state in ("T", "t"),
-        }
+        return Progress(
+            last_progress_at=wall(last if last > 0.0 else self.timeouts.connected_at),
+            open_section=open_section,
+            step=self.slot.step(),
+            heartbeats=self.slot.heartbeat_count(),
+            section_since=section_since,
+            stopped=stat is not None and stat.state in ("T", "t"),
+        )
 
     def identity(self) -> dict[str, Any]:
         """``rank``, ``local_rank`` and ``pid``, as the launcher's messages name a rank."""
         return {"rank": self.info.get("rank"), "local_rank": self.info.get("local_rank"), "pid": self.pid}
 
-    def capture_stacks(self, budget: float, stacks_dir: str | None, context: str, file_prefix: str) -> dict[str, Any]:
+    def capture_stacks(self, budget: float, stacks_dir: str | None, context: str, file_prefix: str) -> StackCapture:
         """Capture the rank's stacks within ``budget`` s (see :func:`ft_core.wire.stacks.capture`).
 
         With ``stacks_dir`` the whole dump goes to a file there (its header names the rank and
-        ``context``); without, into the monitor's log. Returns the ``stack_file``,
-        ``stack_frames`` and ``stack_error``, plus ``stack_method`` and ``stack_seconds``.
+        ``context``); without, into the monitor's log. Returns where they went, the main
+        thread's frames or why there are none, and how they were taken.
         """
         stat = read_stat(self.pid)
         stopped = stat is not None and stat.state in ("T", "t")
@@ -160,8 +155,8 @@ class RankSession:
                 path, error = stacks.write_stack_file(stacks_dir, name, header, result)
             else:
                 logger.error("%s: stacks (%s):\n%s", self.describe(), result.method, result.text)
-        return {"stack_file": path, "stack_frames": result.frames, "stack_error": error,
-                "stack_method": result.method, "stack_seconds": result.seconds}
+        return StackCapture(stack_file=path, stack_frames=list(result.frames), stack_error=error,
+                            stack_method=result.method, stack_seconds=result.seconds)
 
     def apply_update(self, message: dict[str, Any]) -> None:
         """Apply a ``set_hb_timeouts`` or ``set_section_timeouts`` message from the rank.
@@ -195,23 +190,23 @@ class RankSession:
         else:
             raise ProtocolError(f"unexpected rank message {kind!r}")
 
-    def hang_message(self, deadline: deadlines.Deadline, now: float, node: str, signal_name: str) -> dict[str, Any]:
-        """The ``rank_hang`` message telling the launcher that ``deadline`` passed at ``now``."""
-        return {
-            "type": protocol.MSG_RANK_HANG,
-            "pid": self.pid,
+    def hang_message(self, deadline: deadlines.Deadline, now: float, node: str, signal_name: str) -> RankHang:
+        """The ``rank_hang`` message telling the launcher that ``deadline`` passed at ``now``
+        (without stacks: the monitor adds them, :func:`ft_core.wire.messages.with_stacks`)."""
+        return RankHang(
+            pid=self.pid,
             **self.info,
-            "node": node,
-            "kind": deadline.kind.value,
-            "section": deadline.section,
-            "elapsed": round(now - deadline.started, 4),
-            "timeout": deadline.timeout,
-            "cause": deadline.describe(now),
-            "signal": signal_name,
-            "detected_at": time.time(),
-            "heartbeats": self.slot.heartbeat_count(),
-            "progress": self.progress(),
-        }
+            node=node,
+            kind=deadline.kind.value,
+            section=deadline.section,
+            elapsed=round(now - deadline.started, 4),
+            timeout=deadline.timeout,
+            cause=deadline.describe(now),
+            signal=signal_name,
+            detected_at=time.time(),
+            heartbeats=self.slot.heartbeat_count(),
+            progress=self.progress(),
+        )
 
 
 def _stack_target(conn: Connection, init: dict[str, Any]) -> StackTarget:

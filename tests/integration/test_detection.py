@@ -19,9 +19,8 @@ from pathlib import Path
 import pytest
 
 from ft_core import FaultToleranceConfig
-
-from ft_core.wire import protocol
 from ft_core.monitor.link import MonitorLink
+from ft_core.wire import messages, protocol
 from tests.launcher_util import (
     events_of,
     live_descendants,
@@ -397,7 +396,7 @@ def test_ping_is_answered(start_monitor):
     _handle, path = start_monitor(FaultToleranceConfig())
     link = MonitorLink(path)
     try:
-        assert link.send({"type": protocol.MSG_PING})
-        assert wait_event(link, protocol.MSG_PONG, 10) == {"type": protocol.MSG_PONG}
+        assert link.send(messages.Ping())
+        assert messages.decode(wait_event(link, protocol.MSG_PONG, 10)) == messages.Pong()
     finally:
         link.close()

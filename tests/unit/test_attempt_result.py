@@ -13,7 +13,7 @@ def log_with(*cycles: list[dict]) -> EventLog:
     for number, failures in enumerate(cycles):
         log.record("cycle_start", cycle=number)
         for failure in failures:
-            log.record("failure", cycle=number, **failure)
+            log.record("failure", cycle=number, cause="exit code 1", **failure)
     return log
 
 

@@ -3,11 +3,13 @@ summary that counts incidents."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from ft_core.wire.messages import Progress, ProgressReport, RankHang, StacksCaptured
 from launcher.culprit import (
     COLLATERAL,
     CRASH,
@@ -104,7 +106,8 @@ def test_texts():
                                                "open_section": None, "stopped": False})
     assert describe_root(root, "/job/train.py:31 f") == (
         "rank 1 froze in step 61 (outside any section for 3.0 s) at /job/train.py:31 f")
-    in_section = RankState(**{**root.__dict__, "progress": {**root.progress, "open_section": "step"}})
+    assert isinstance(root.progress, Progress)  # a mapping given is read as the typed progress
+    in_section = dataclasses.replace(root, progress=dataclasses.replace(root.progress, open_section="step"))
     assert describe_root(in_section) == "rank 1 froze in step 61 (in section 'step' for 3.0 s)"
     crash = RankState(rank=2, local_rank=0, node="n", group_rank=0, pid=5, outcome=CRASH, cause="signal SIGSEGV",
                       event_at=T)
@@ -117,8 +120,7 @@ def test_texts():
 
 def test_a_published_state_round_trips_and_garbage_is_ignored():
     original = state(3, HANG, at=T, last=T - 1, step=7, frames=FROZEN, node="b", group=1)
-    assert RankState.from_json(original.to_json()) == RankState(**{**original.__dict__,
-                                                                   "progress": dict(original.progress)})
+    assert RankState.from_json(original.to_json()) == original
     for bad in ({}, {"local_rank": "x", "node": "b", "outcome": "hang"}, {"local_rank": 1}, None, []):
         assert RankState.from_json(bad) is None
 
@@ -127,12 +129,14 @@ def failure(local_rank: int, exitcode: int) -> ProcessFailure:
     return ProcessFailure(local_rank=local_rank, pid=1000 + local_rank, exitcode=exitcode, error_file="<N/A>")
 
 
-def hang_report(at: float, step: int, stopped: bool, frames: tuple[str, ...]) -> dict:
-    return {"type": "rank_hang", "cause": "hang: no heartbeat for 2.00 s > timeout 2.00 s", "kind": "heartbeat",
-            "section": None, "elapsed": 2.0, "timeout": 2.0, "signal": "SIGKILL", "detected_at": at,
-            "progress": {"last_progress_at": at - 2, "step": step, "stopped": stopped, "open_section": None,
-                         "section_since": None, "heartbeats": 9},
-            "stack_file": f"/logs/ft_stacks/r{step}.txt", "stack_frames": list(frames), "stack_error": None}
+def hang_report(at: float, step: int, stopped: bool, frames: tuple[str, ...], last: float | None = None) -> RankHang:
+    # as the launcher's link decodes it from the monitor's message
+    return RankHang.from_wire({
+        "type": "rank_hang", "pid": 1000, "cause": "hang: no heartbeat for 2.00 s > timeout 2.00 s",
+        "kind": "heartbeat", "section": None, "elapsed": 2.0, "timeout": 2.0, "signal": "SIGKILL", "detected_at": at,
+        "progress": {"last_progress_at": at - 2 if last is None else last, "step": step, "stopped": stopped,
+                     "open_section": None, "section_since": None, "heartbeats": 9},
+        "stack_file": f"/logs/ft_stacks/r{step}.txt", "stack_frames": list(frames), "stack_error": None})
 
 
 def test_records_name_the_root_first_and_the_remote_root_on_collateral():
@@ -153,11 +157,13 @@ def test_a_rank_still_running_outside_any_collective_is_the_root_its_hung_peer_w
     # rank 0's step timeout fired while it waited in the all-reduce; rank 1 sat between steps (its
     # out-of-section timeout is longer) and was stopped by the launcher
     evidence = Evidence(node="n", group_rank=0,
-                        reports={1: {"progress": {"last_progress_at": T - 60, "step": 1810, "stopped": False,
-                                                  "open_section": None, "section_since": T - 60, "heartbeats": 0}}},
-                        stacks={1: {"stack_frames": list(FROZEN), "stack_file": None, "stack_error": None}})
-    hang = hang_report(T, 1810, False, ALL_REDUCE)
-    hang["progress"]["last_progress_at"] = T - 59.99
+                        reports={1: ProgressReport.from_wire({
+                            "type": "progress_report", "progress": {
+                                "last_progress_at": T - 60, "step": 1810, "stopped": False, "open_section": None,
+                                "section_since": T - 60, "heartbeats": 0}})},
+                        stacks={1: StacksCaptured.from_wire({"stack_frames": list(FROZEN), "stack_file": None,
+                                                             "stack_error": None})})
+    hang = hang_report(T, 1810, False, ALL_REDUCE, last=T - 59.99)
     records = failure_records({0: failure(0, -9), 1: failure(1, -9)}, local_ranks={0: 0, 1: 1}, hangs={0: hang},
                               stopped_by_us={1001}, cycle=1, now=T + 1, evidence=evidence)
     assert [(r.rank, r.role, r.kind) for r in records] == [(1, ROOT, "hang"), (0, COLLATERAL, "hang")]
@@ -189,7 +195,7 @@ def test_a_root_on_another_node_makes_every_local_rank_collateral():
 
 def test_the_monitors_disconnect_time_dates_a_crash():
     evidence = Evidence(node="n", group_rank=0, exits_seen_at={0: T + 1, 1: T + 1},
-                        reports={0: {"disconnected_at": T + 0.9}, 1: {"disconnected_at": T + 0.5}})
+                        reports={0: ProgressReport(disconnected_at=T + 0.9), 1: ProgressReport(disconnected_at=T + 0.5)})
     records = failure_records({0: failure(0, 1), 1: failure(1, 1)}, local_ranks={0: 0, 1: 1}, hangs={},
                               stopped_by_us=set(), cycle=0, now=T + 2, evidence=evidence)
     assert [(r.rank, r.role, r.detected_at) for r in records] == [(1, ROOT, T + 0.5), (0, COLLATERAL, T + 0.9)]

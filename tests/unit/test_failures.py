@@ -14,6 +14,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ft_core.monitor.deadlines import HangKind
+from ft_core.wire.messages import RankHang
 from launcher.events import EventLog
 from launcher.failures import (
     KIND_UNHEALTHY,
@@ -30,9 +31,9 @@ def failure(local_rank: int, exitcode: int, pid: int | None = None, error_file: 
     return ProcessFailure(local_rank=local_rank, pid=pid or 1000 + local_rank, exitcode=exitcode, error_file=error_file)
 
 
-def hang(cause: str = "hang: no heartbeat for 2.00 s > timeout 1.00 s", at: float = NOW - 5) -> dict:
-    return {"type": "rank_hang", "cause": cause, "kind": "heartbeat", "section": None, "elapsed": 2.0,
-            "timeout": 1.0, "signal": "SIGKILL", "detected_at": at}
+def hang(cause: str = "hang: no heartbeat for 2.00 s > timeout 1.00 s", at: float = NOW - 5) -> RankHang:
+    return RankHang(pid=1001, cause=cause, kind="heartbeat", section=None, elapsed=2.0, timeout=1.0, signal="SIGKILL",
+                    detected_at=at)
 
 
 def summary(records) -> list[tuple]:
@@ -49,7 +50,7 @@ CASES = [
     pytest.param(
         # rank 1 hung and was killed by its monitor; torch then SIGTERMed rank 0
         {0: failure(0, -signal.SIGTERM), 1: failure(1, -signal.SIGKILL)}, {1: hang()}, set(),
-        [(1, 1, "hang", hang()["cause"]), (0, 0, "terminated", "stopped after another worker failed (signal SIGTERM)")],
+        [(1, 1, "hang", hang().cause), (0, 0, "terminated", "stopped after another worker failed (signal SIGTERM)")],
         id="hang-first-sigterm-is-a-consequence"),
     pytest.param(
         # rank 1 crashed; the launcher stopped rank 0 itself (its pid is in stopped_by_us)
@@ -97,7 +98,8 @@ def test_the_event_record_of_a_hang_holds_the_monitors_kind_string(tmp_path):
         events.close()
     [written] = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert written["hang_kind"] == "heartbeat" and type(events.records[0]["hang_kind"]) is str
-    assert list(written)[-6:] == ["exit_code", "hang_kind", "section", "elapsed", "timeout", "signal"]
+    # the hang's details follow the common fields (all of them, the null section too)
+    assert list(written)[-7:] == ["exit_code", "hang_kind", "section", "elapsed", "timeout", "signal", "schema"]
     assert "hang (heartbeat)" in events.summary()
 
 

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import pytest
 
+from ft_core.wire.messages import MonitorLost, RankEscalated, RankHang
 from launcher.incident import about_an_earlier_worker
 
 
+def hang(pid: int) -> RankHang:
+    return RankHang(pid=pid, kind="heartbeat", elapsed=2.0, timeout=2.0, cause="hang: no heartbeat",
+                    signal="SIGKILL", detected_at=1.0)
+
+
 @pytest.mark.parametrize("event, worker_pid, earlier", [
-    ({"type": "rank_hang", "pid": 101}, 101, False),   # the current worker
-    ({"type": "rank_hang", "pid": 100}, 101, True),    # the previous cycle's worker, read after the restart
-    ({"type": "rank_escalated", "pid": 100}, 101, True),
-    ({"type": "rank_hang"}, 101, False),               # no pid: taken as current
-    ({"type": "rank_hang", "pid": "100"}, 101, False),  # not a pid
-    ({"type": "rank_hang", "pid": True}, 1, False),
-    ({"type": "rank_hang", "pid": 100}, None, False),  # no worker known for the rank
+    (hang(101), 101, False),   # the current worker
+    (hang(100), 101, True),    # the previous cycle's worker, read after the restart
+    (RankEscalated(pid=100), 101, True),
+    (MonitorLost(exit_code=1), 101, False),  # names no worker: taken as current
+    (hang(100), None, False),  # no worker known for the rank
 ])
 def test_a_report_about_another_pid_than_the_current_worker_is_about_an_earlier_worker(event, worker_pid, earlier):
     assert about_an_earlier_worker(event, worker_pid) is earlier

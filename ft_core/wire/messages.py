@@ -1,0 +1,330 @@
+"""The messages between a rank monitor and its launcher, one dataclass each.
+
+The monitor builds them (:mod:`ft_core.monitor.server`, :mod:`ft_core.monitor.session`) and sends
+``to_wire()``; the launcher's link decodes what it receives with :func:`decode`
+(:mod:`ft_core.monitor.link`), and from there on a hang report is a :class:`RankHang` through
+:mod:`launcher.monitors`, :mod:`launcher.incident`, :mod:`launcher.failures` and
+:mod:`launcher.culprit`. The JSON keys are the ones the protocol always had (see
+:mod:`ft_core.wire.protocol`), plus ``schema`` (:data:`SCHEMA_VERSION`); a reader of an older or
+newer message takes defaults for what it lacks and ignores what it does not know
+(:mod:`ft_core.wire.typed`).
+
+Standard library only: the rank monitor imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+from ft_core.wire import protocol, typed
+from ft_core.wire.typed import MalformedError, meta
+
+SCHEMA_VERSION = 1
+"""Version of the messages' fields; sent as ``schema`` in every message built here."""
+SCHEMA_KEY = "schema"
+
+M = TypeVar("M", bound="Message")
+
+
+class UnknownMessageError(MalformedError):
+    """A message whose ``type`` this side does not know (a newer peer, or garbage)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Message:
+    """Base of every message: ``TYPE`` is its ``"type"`` on the wire."""
+
+    TYPE: ClassVar[str] = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object sent on the socket: ``type``, the fields, ``schema``."""
+        return {"type": self.TYPE, **typed.to_fields(self), SCHEMA_KEY: SCHEMA_VERSION}
+
+    @classmethod
+    def from_wire(cls: type[M], data: Mapping[str, Any]) -> M:
+        """The message in ``data`` (missing optional fields take their defaults).
+
+        Raises:
+            MalformedError: A required field is missing or of the wrong type.
+        """
+        return typed.from_fields(cls, data)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Mapping-style read of a wire key, for callers still written against dict messages
+        (``launcher/agent.py`` until it reads attributes); new code reads the attributes."""
+        if key == "type":
+            return self.TYPE
+        return self.to_wire().get(key, default)
+
+
+# ---------------------------------------------------------------------- parts
+
+
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """What a rank last did, as its monitor saw it (times are epoch seconds).
+
+    Attributes:
+        last_progress_at: The last heartbeat or section open/close (the connection if none).
+        open_section: The most recently opened section still open.
+        step: What the front end announced with ``set_step`` (None if it never did).
+        heartbeats: Heartbeats so far.
+        section_since: When the open section opened, or when the rank left the last section
+            (None for a rank that never used sections).
+        stopped: The process is stopped (e.g. by SIGSTOP).
+    """
+
+    last_progress_at: float | None = None
+    open_section: str | None = None
+    step: int | None = None
+    heartbeats: int | None = None
+    section_since: float | None = None
+    stopped: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return typed.to_fields(self)
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> Progress:
+        return typed.from_fields(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackCapture:
+    """A rank's stacks as its monitor took them (see :func:`ft_core.wire.stacks.capture`).
+
+    Attributes:
+        stack_file: Where all its threads' stacks were written, if they were.
+        stack_frames: The main thread's innermost frames, ``file:line function``.
+        stack_error: Why there are none.
+        stack_method: How they were taken (py-spy, the rank's faulthandler...).
+        stack_seconds: How long it took.
+    """
+
+    stack_file: str | None = None
+    stack_frames: list[str] = field(default_factory=list)
+    stack_error: str | None = None
+    stack_method: str | None = field(default=None, metadata=meta(omit_none=True))
+    stack_seconds: float | None = field(default=None, metadata=meta(omit_none=True))
+
+
+# ---------------------------------------------------------------------- monitor -> launcher
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankHang(Message):
+    """``rank_hang``: a deadline of the rank passed; sent before the monitor signals it.
+
+    Attributes:
+        pid: The hung rank's pid.
+        rank, local_rank, world_size, hostname: What the rank said at ``init`` (when plausible).
+        node: The monitor's host name.
+        kind: A :class:`~ft_core.monitor.deadlines.HangKind` value.
+        section: The section whose timeout passed, if any.
+        elapsed: Seconds since the deadline's start.
+        timeout: The timeout that passed (seconds).
+        cause: The sentence, e.g. ``hang: no heartbeat for 2.00 s > timeout 2.00 s``.
+        signal: The termination signal about to be sent (its name).
+        detected_at: Epoch seconds of the detection.
+        heartbeats: Heartbeats so far.
+        progress: The rank's last progress.
+        stacks: Its stacks, taken before the signal (flattened into the message).
+    """
+
+    TYPE: ClassVar[str] = protocol.MSG_RANK_HANG
+
+    pid: int
+    rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    local_rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    world_size: int | None = field(default=None, metadata=meta(omit_none=True))
+    hostname: str | None = field(default=None, metadata=meta(omit_none=True))
+    node: str = ""
+    kind: str
+    section: str | None = None
+    elapsed: float
+    timeout: float
+    cause: str
+    signal: str
+    detected_at: float
+    heartbeats: int | None = None
+    progress: Progress | None = None
+    stacks: StackCapture | None = field(default=None, metadata=meta(flatten=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankConnected(Message):
+    """``rank_connected``: a rank attached to the monitor (what it said at ``init``)."""
+
+    TYPE: ClassVar[str] = protocol.MSG_RANK_CONNECTED
+
+    pid: int
+    rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    local_rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    world_size: int | None = field(default=None, metadata=meta(omit_none=True))
+    hostname: str | None = field(default=None, metadata=meta(omit_none=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankEscalated(Message):
+    """``rank_escalated``: a hung rank outlived its termination signal by ``after`` seconds and
+    its monitor sent ``signal`` (SIGKILL) to its process group."""
+
+    TYPE: ClassVar[str] = protocol.MSG_RANK_ESCALATED
+
+    pid: int
+    rank: int | None = None
+    local_rank: int | None = None
+    signal: str = "SIGKILL"
+    after: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pong(Message):
+    """``pong``: the answer to ``ping``."""
+
+    TYPE: ClassVar[str] = protocol.MSG_PONG
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressReport(Message):
+    """``progress_report``: the answer to ``progress_query``.
+
+    Attributes:
+        rank, local_rank, pid: The attached rank, else the last one that detached (all None if
+            none ever attached).
+        connected: Whether that rank is still attached.
+        progress: Its last progress.
+        disconnected_at: For a detached rank, when the monitor saw it go (epoch seconds).
+    """
+
+    TYPE: ClassVar[str] = protocol.MSG_PROGRESS_REPORT
+
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    connected: bool = False
+    progress: Progress | None = None
+    disconnected_at: float | None = field(default=None, metadata=meta(omit_none=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StacksCaptured(Message):
+    """``stacks_captured``: the answer to ``capture_stacks`` (the stacks flattened in)."""
+
+    TYPE: ClassVar[str] = protocol.MSG_STACKS_CAPTURED
+
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    stacks: StackCapture = field(default_factory=StackCapture, metadata=meta(flatten=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ok(Message):
+    """``ok``: a request was accepted."""
+
+    TYPE: ClassVar[str] = protocol.MSG_OK
+
+
+@dataclass(frozen=True, kw_only=True)
+class Error(Message):
+    """``error``: a request was refused, and why."""
+
+    TYPE: ClassVar[str] = protocol.MSG_ERROR
+
+    error: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MonitorLost(Message):
+    """``monitor_lost``: not sent by a monitor; the launcher's pool adds it when a link breaks."""
+
+    TYPE: ClassVar[str] = protocol.MSG_MONITOR_LOST
+
+    exit_code: int | None = None
+    monitor_pid: int | None = None
+
+
+# ---------------------------------------------------------------------- launcher -> monitor
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherHello(Message):
+    """``launcher_hello``: the first message of the launcher's link."""
+
+    TYPE: ClassVar[str] = protocol.MSG_LAUNCHER_HELLO
+
+
+@dataclass(frozen=True, kw_only=True)
+class LauncherBye(Message):
+    """``launcher_bye``: the launcher leaves; the monitor exits without touching workers."""
+
+    TYPE: ClassVar[str] = protocol.MSG_LAUNCHER_BYE
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerStarted(Message):
+    """``worker_started``: this cycle's worker process (stopped by the monitor if the launcher dies)."""
+
+    TYPE: ClassVar[str] = protocol.MSG_WORKER_STARTED
+
+    pid: int
+    cycle: int | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ping(Message):
+    """``ping``: the liveness probe (answer: :class:`Pong`)."""
+
+    TYPE: ClassVar[str] = protocol.MSG_PING
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProgressQuery(Message):
+    """``progress_query``: what did the rank last do (answer: :class:`ProgressReport`)."""
+
+    TYPE: ClassVar[str] = protocol.MSG_PROGRESS_QUERY
+
+
+@dataclass(frozen=True, kw_only=True)
+class CaptureStacks(Message):
+    """``capture_stacks``: take the rank's stacks now (answer: :class:`StacksCaptured`)."""
+
+    TYPE: ClassVar[str] = protocol.MSG_CAPTURE_STACKS
+
+    reason: str | None = None
+
+
+MESSAGES: dict[str, type[Message]] = {
+    cls.TYPE: cls for cls in (
+        RankHang, RankConnected, RankEscalated, Pong, ProgressReport, StacksCaptured, Ok, Error, MonitorLost,
+        LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks,
+    )
+}
+"""Every message between a monitor and its launcher, by ``type``."""
+
+REPLIES: dict[type[Message], type[Message]] = {Ping: Pong, ProgressQuery: ProgressReport, CaptureStacks: StacksCaptured}
+"""The answer a monitor gives to each question of the launcher."""
+
+
+def decode(data: Mapping[str, Any]) -> Message:
+    """The typed message in a decoded frame.
+
+    Raises:
+        UnknownMessageError: Its ``type`` is not one of :data:`MESSAGES`.
+        MalformedError: A required field is missing or of the wrong type.
+    """
+    kind = data.get("type")
+    cls = MESSAGES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise UnknownMessageError(f"unknown message type {kind!r}")
+    return cls.from_wire(data)
+
+
+def with_stacks(hang: RankHang, stacks: StackCapture) -> RankHang:
+    """``hang`` with its stacks added (the monitor takes them after building the report)."""
+    return dataclasses.replace(hang, stacks=stacks)
