@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from ft_core.wire.config import ConfigError, FaultToleranceConfig, Role
 from ft_core.monitor.server import RankMonitorServer, configure_logging
+from ft_core.wire.config import ConfigError, FaultToleranceConfig, Role
 
 PROG = "python -m ft_core.monitor.cli"
 

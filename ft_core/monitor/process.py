@@ -22,8 +22,8 @@ import subprocess
 import sys
 from typing import Any
 
-from ft_core.wire.config import FaultToleranceConfig, Role
 from ft_core.monitor.server import RankMonitorServer
+from ft_core.wire.config import FaultToleranceConfig, Role
 
 CLI_MODULE = "ft_core.monitor.cli"
 
