@@ -12,7 +12,12 @@ overrides its hooks; each hook calls into a unit that owns one concern:
 | ``_restart_workers`` | "another node restarted" record | |
 | ``_stop_workers`` / ``_shutdown`` | ``--term-timeout`` to the fraction of a second; what workers left behind | :mod:`launcher.processes` |
 
-Its public surface for :mod:`launcher.launch`: :attr:`cycle`, :attr:`outcome`,
+What the agent is doing is one explicit phase (:class:`launcher.agent_phase.AgentPhase`: idle,
+starting, running, failed, waiting, succeeded, shutdown, excluded), changed only through
+:meth:`FaultTolerantAgent._enter`, which checks the transition. How workers start is a start
+coordinator's business (:mod:`launcher.warm.coordinator` or :mod:`launcher.warm.cold`).
+
+Its public surface for :mod:`launcher.launch`: :attr:`cycle`, :attr:`phase`,
 :attr:`worker_pids`, :attr:`stopped_cleanly`, :meth:`forward_signal`,
 :meth:`wait_for_shutdown_acks`. Nothing else reads
 torch's or the agent's private attributes; ``tests/unit/test_torch_hooks.py`` checks every hook
@@ -35,7 +40,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
 from ft_core.wire import protocol
-from ft_core.wire.config import Role
+from ft_core.wire.config import FaultToleranceConfig, Role
 from ft_core.wire.data import WorkloadAction
 from ft_core.wire.env import (
     FT_CYCLE_ENV_VAR,
@@ -44,6 +49,7 @@ from ft_core.wire.env import (
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
 from launcher import processes
+from launcher.agent_phase import AgentPhase
 from launcher.control_server import ControlServer
 from launcher.culprit import LostNode, RankState
 from launcher.events import EventLog
@@ -58,7 +64,7 @@ from launcher.restart_policy import (
     outcome_decision,
 )
 from launcher.store_channel import StoreChannel
-from launcher.warm.coordinator import WarmCoordinator
+from launcher.warm.cold import StartCoordinator
 
 logger = logging.getLogger(__name__)
 
@@ -67,10 +73,10 @@ TORCH_PID_LINES = {  # torch's message -> index of its pid argument (checked by 
     "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s": 2,
     "Sending process %s closing signal %s": 0,
 }
-RESTART_GRACE_SECONDS = 2.0
-"""After a worker failed, the others get SIGTERM and this long before SIGKILL, unless
-``--workers-stop-timeout`` says otherwise (the default of ``workers_stop_timeout``)."""
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
+_OUTCOMES = {AgentPhase.SHUTDOWN: OUTCOME_SHUTDOWN, AgentPhase.EXCLUDED: OUTCOME_EXCLUDED}
+
+
 class _WrongRankLineFilter(logging.Filter):
     """Drops torch's "failed (exitcode: ...) local_rank: N" line.
 
@@ -89,7 +95,10 @@ class FaultTolerantAgent(LocalElasticAgent):
     """A ``LocalElasticAgent`` whose workers are watched by rank monitors.
 
     Args:
-        spec, logs_specs, start_method, log_line_prefix_template: As for ``LocalElasticAgent``.
+        spec, logs_specs, start_method, log_line_prefix_template: As for ``LocalElasticAgent``
+            (``spec`` as the start coordinator adopted it).
+        ft_cfg: The fault tolerance config (the monitors enforce it; the agent reads the
+            termination grace and signal, the stack budget, and what ranks get of it).
         monitors: The node's started :class:`MonitorPool`.
         control: The launcher's :class:`ControlServer`.
         events: Where failure lines and records go.
@@ -101,8 +110,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         stop_signal_delivered: ``f(sig)``: True when the launcher is stopping because of
             ``sig`` and the workers got it themselves (a job-wide signal); the stop then does
             not send it again (see :mod:`launcher.signals`).
-        warm: The node's warm template coordinator; workers are then forked from the template
-            (see :mod:`launcher.warm.coordinator`). None starts every worker cold, as torchrun does.
+        starts: How workers start: the node's warm template coordinator (workers forked from
+            the template, see :mod:`launcher.warm.coordinator`) or ``ColdStart`` (as torchrun).
         workers_stop_timeout: ``--workers-stop-timeout``: after a worker failed, seconds from
             SIGTERM to SIGKILL for the surviving workers.
         workers: The node's worker table (shared with the launcher's signal dispatcher, which
@@ -115,22 +124,24 @@ class FaultTolerantAgent(LocalElasticAgent):
         spec: Any,
         logs_specs: Any,
         *,
+        ft_cfg: FaultToleranceConfig,
         monitors: MonitorPool,
         control: ControlServer,
         events: EventLog,
         restart_policy: RestartPolicy,
+        starts: StartCoordinator,
+        workers: processes.WorkerProcesses,
+        workers_stop_timeout: float,
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
         term_timeout: float = 30.0,
         reassert_signal_handlers: Callable[[], None] | None = None,
         stop_signal_delivered: Callable[[signal.Signals], bool] | None = None,
-        warm: WarmCoordinator | None = None,
-        workers_stop_timeout: float = RESTART_GRACE_SECONDS,
-        workers: processes.WorkerProcesses | None = None,
         helper_pids: Collection[int] = (),
     ) -> None:
         self._workers_stop_timeout = workers_stop_timeout
-        self._warm = warm if warm is not None and warm.adopt(spec) else None
+        self._starts = starts
+        self._ft_cfg = ft_cfg
         # torch's loop sleeps monitor_interval before each _monitor_workers call; we make that
         # sleep negligible and instead wait in _monitor_workers for the first of: a worker
         # exit (pidfd), a monitor report, a control request, or the interval.
@@ -151,25 +162,27 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._channel = StoreChannel()
         self.cycle = -1
         """Index of the latest cycle (-1 before the first start)."""
-        self.outcome: str | None = None
-        """``OUTCOME_SHUTDOWN`` or ``OUTCOME_EXCLUDED`` once a control request decided the run."""
-        self._phase_started = time.monotonic()
+        self._phase = AgentPhase.IDLE
+        self._cycle_began = time.monotonic()  # the latest start or restart began, for the timings
         self._last_failure_at: float | None = None
         self._rendezvous_s: float | None = None
         self._watch = CycleWatch()  # this cycle's hangs, exits and evidence
         self._pids: dict[int, int] = {}  # local rank -> worker pid (as torch started it)
-        self._hangs: dict[int, dict[str, Any]] = {}  # by local rank
-        self._workers = workers if workers is not None else processes.WorkerProcesses(spec.local_world_size)
+        self._workers = workers
         logging.getLogger(TORCH_PROCESS_LOGGER).addFilter(_WorkerPidLogFilter(self._workers))
         logging.getLogger(TORCH_PROCESS_LOGGER).addFilter(_wrong_rank_filter)
-        self._awaiting_ready: set[int] = set()
-        self._waiting_unhealthy = False
-        self._stopped_by_us: set[int] = set()
-        self._outcome_cause = ""  # who asked for the outcome and why, for the stop line
+        self._awaiting_ready: set[int] = set()  # local ranks not connected to their monitor yet
+        self._stopped_by_us: set[int] = set()  # this cycle's survivors we stopped after a failure
+        self._outcome_cause = ""  # who asked for SHUTDOWN or EXCLUDED and why, for the stop line
         self.stopped_cleanly = True
         """After the last stop: every worker exited 0 within the timeout (True if none ran)."""
 
     # ------------------------------------------------------------------ public surface
+
+    @property
+    def phase(self) -> AgentPhase:
+        """What the agent is doing (SHUTDOWN or EXCLUDED once a control request decided the run)."""
+        return self._phase
 
     @property
     def worker_pids(self) -> list[int]:
@@ -201,6 +214,13 @@ class FaultTolerantAgent(LocalElasticAgent):
             return True
         return self._channel.wait_for_acks(nodes - 1, timeout)
 
+    def _enter(self, phase: AgentPhase) -> None:
+        """Change the phase: the only place that does (``AgentPhase.check`` refuses a transition
+        the agent cannot make)."""
+        if phase is not self._phase:
+            logger.debug("agent: %s -> %s", self._phase.name, phase.name)
+        self._phase = self._phase.check(phase)
+
     # ------------------------------------------------------------------ starting
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -214,7 +234,7 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.cycle += 1
-        self._waiting_unhealthy = False
+        self._enter(AgentPhase.STARTING)
         # Liveness probe: a monitor that died or does not answer (stopped) is replaced before
         # this cycle's workers connect to it.
         for replaced in self._monitors.replace_dead():
@@ -228,26 +248,23 @@ class FaultTolerantAgent(LocalElasticAgent):
                                replaced.local_rank, replaced.exit_code)
             self._events.record("monitor_replaced", cycle=self.cycle, local_rank=replaced.local_rank,
                                 exit_code=replaced.exit_code, reason=replaced.reason)
-        warm_ready = self._warm.before_cycle(self.cycle) if self._warm is not None else False
+        warm_ready = self._starts.before_cycle(self.cycle)
         self._watch.reset()
         self._stopped_by_us.clear()
         pids = super()._start_workers(worker_group)
         spawned_at = time.monotonic()
         self._pids = dict(pids)
         self._workers.started(pids)
-        worker_pids = dict(pids)
-        if self._warm is not None:
-            # torch started stand-ins; logs, events, monitors and signals want the workers.
-            worker_pids = self._warm.resolve_workers(pids)
-            self._workers.resolved(worker_pids)
+        # Under warm starts torch started stand-ins; logs, events, monitors and signals want the workers.
+        worker_pids = self._starts.resolve_workers(pids)
+        self._workers.resolved(worker_pids)
         for worker in worker_group.workers:
             self._monitors.worker_started(worker.local_rank, worker_pids[worker.local_rank], self.cycle,
                                           worker.global_rank)
         self._control.set_workers([*pids.values(), *worker_pids.values()],
-                                  template_pid=self._warm.pid if self._warm is not None else None)
+                                  template_pid=self._starts.pid)
         self._awaiting_ready = set(pids)
-        if self._warm is not None:
-            self._warm.workers_started(spawned_at)
+        self._starts.workers_started(spawned_at)
         since_failure = None if self._last_failure_at is None else spawned_at - self._last_failure_at
         self._events.record(
             "cycle_start",
@@ -257,9 +274,9 @@ class FaultTolerantAgent(LocalElasticAgent):
             group_world_size=worker_group.group_world_size,
             ranks={str(w.local_rank): w.global_rank for w in worker_group.workers},
             worker_pids={str(k): v for k, v in worker_pids.items()},
-            stand_in_pids={str(k): v for k, v in pids.items()} if self._warm is not None else None,
+            stand_in_pids={str(k): v for k, v in pids.items()} if self._starts.uses_stand_ins else None,
             rendezvous_s=_round(self._rendezvous_s),
-            spawn_s=_round(spawned_at - self._phase_started),
+            spawn_s=_round(spawned_at - self._cycle_began),
             since_failure_s=_round(since_failure),
             warm_start=warm_ready,
         )
@@ -273,17 +290,16 @@ class FaultTolerantAgent(LocalElasticAgent):
         # torch builds each worker's environment and hands it to this hook right before the
         # processes start: the one place to add per-rank variables without copying torch code.
         super()._setup_local_watchdog(envs)
-        rank_config = json.dumps(self._monitors.cfg.sent_to(Role.RANK))
+        rank_config = json.dumps(self._ft_cfg.sent_to(Role.RANK))
         for local_rank, env in envs.items():
             env[FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR] = self._monitors.socket_path(local_rank)
             env[FT_LAUNCHER_IPC_SOCKET_ENV_VAR] = self._control.path
             env[FT_CYCLE_ENV_VAR] = str(self.cycle)
             env[FT_RANK_CONFIG_ENV_VAR] = rank_config  # to go on unwatched if the monitor is mute
-            if self._warm is not None:
-                env.update(self._warm.worker_env())
+            env.update(self._starts.worker_env())
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        self._phase_started = time.monotonic()
+        self._cycle_began = time.monotonic()
         if self._last_failure_at is None:
             # Not our failure: another node restarted or joined (torch saw nodes waiting).
             self._events.record("restart", cycle=self.cycle, reason="another node entered the rendezvous")
@@ -298,9 +314,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._control.clear_notify()
         for pid, delivered in self._workers.overdue(processes.QUEUED_SIGNAL_FALLBACK):
             self._record_queued_delivery(pid, delivered)
-        if self._warm is not None:
-            self._warm.maybe_start(self.cycle, workers_up=not self._awaiting_ready)
-        if self._waiting_unhealthy:
+        self._starts.maybe_start(self.cycle, workers_up=not self._awaiting_ready)
+        if self._phase is AgentPhase.WAITING:
             return self._wait_while_unhealthy(worker_group)
         self._poll_monitor_events()
         statuses = self._statuses()
@@ -324,11 +339,12 @@ class FaultTolerantAgent(LocalElasticAgent):
         result = self._hangs_fail_the_cycle(worker_group, result)
         self._drain_control_requests()
         self._check_other_nodes()
-        if self.outcome is not None:
+        if self._phase.requested:
             return self._stop_for_outcome(worker_group, result)
         if result.state in _FAILED_STATES:
             return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
+            self._enter(AgentPhase.SUCCEEDED)
             self._events.record("workers_succeeded", cycle=self.cycle)
         return result
 
@@ -347,7 +363,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         """
         running = [local_rank for local_rank, status in statuses.items() if status is None]
         self._watch.gather_evidence(self._monitors, sorted(self._pids), running,
-                                    self._monitors.cfg.stack_capture_budget or 0.0)
+                                    self._ft_cfg.stack_capture_budget or 0.0)
         self._poll_monitor_events()  # hangs reported while we asked
         survivors = [self._pids[r] for r in running if r not in self._watch.hangs]
         self._stopped_by_us.update(survivors)
@@ -381,11 +397,11 @@ class FaultTolerantAgent(LocalElasticAgent):
         if kind == protocol.MSG_RANK_HANG:
             # Keyed by local rank: with warm starts torch knows the trampoline's pid, the
             # monitor the forked worker's.
-            self._watch.on_hang(local_rank, event, self._monitors.cfg.rank_termination_grace or 0.0)
+            self._watch.on_hang(local_rank, event, self._ft_cfg.rank_termination_grace or 0.0)
         elif kind == protocol.MSG_RANK_ESCALATED:
             logger.error("rank %s (local rank %s, pid %s) outlived %s by %.1f s; its monitor sent SIGKILL",
                          event.get("rank"), local_rank, event.get("pid"),
-                         self._monitors.cfg.rank_termination_signal.name, event.get("after") or 0.0)
+                         self._ft_cfg.rank_termination_signal.name, event.get("after") or 0.0)
             self._events.record("rank_escalated", cycle=self.cycle, local_rank=local_rank, rank=event.get("rank"),
                                 worker_pid=event.get("pid"), signal=event.get("signal"), after=event.get("after"))
         elif kind == protocol.MSG_RANK_CONNECTED and local_rank in self._awaiting_ready:
@@ -393,7 +409,9 @@ class FaultTolerantAgent(LocalElasticAgent):
             self._record_queued_delivery(pid, delivered)
             self._awaiting_ready.discard(local_rank)
             if not self._awaiting_ready:
-                ready_s = time.monotonic() - self._phase_started
+                if self._phase is AgentPhase.STARTING:
+                    self._enter(AgentPhase.RUNNING)
+                ready_s = time.monotonic() - self._cycle_began
                 self._events.record("workers_ready", cycle=self.cycle, ready_s=_round(ready_s))
         elif kind == protocol.MSG_MONITOR_LOST:
             logger.error(
@@ -415,7 +433,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._last_failure_at = min(first, time.monotonic()) if first is not None else time.monotonic()
         # A peer's ShutdownWorkload often reaches us as a failed collective first.
         self._check_other_nodes(force=True)
-        if self.outcome is not None:
+        if self._phase.requested:
             return self._stop_for_outcome(worker_group, result)
         healthy = None
         if self._policy.checks_node_health(worker_group.group_world_size) and self._channel.mark_unhealthy(
@@ -426,8 +444,9 @@ class FaultTolerantAgent(LocalElasticAgent):
                                            max_restarts=spec.max_restarts, healthy_nodes=healthy)
         self._log_failures(worker_group, result, decision.text)
         if decision.action == WAIT:
-            self._waiting_unhealthy = True
+            self._enter(AgentPhase.WAITING)
             return RunResult(state=WorkerState.HEALTHY)
+        self._enter(AgentPhase.FAILED)
         return result
 
     def _wait_while_unhealthy(self, worker_group: WorkerGroup) -> RunResult:
@@ -438,7 +457,7 @@ class FaultTolerantAgent(LocalElasticAgent):
                             min_nodes=self._policy.min_nodes)
         logger.warning("min-healthy: only %s healthy node(s) left (< %s); restarting the workload",
                        healthy, self._policy.min_nodes)
-        self._waiting_unhealthy = False
+        self._enter(AgentPhase.FAILED)
         return RunResult(state=WorkerState.FAILED)
 
     def _log_failures(self, worker_group: WorkerGroup, result: RunResult, decision: str) -> None:
@@ -482,31 +501,31 @@ class FaultTolerantAgent(LocalElasticAgent):
             logger.warning("rank %s (pid %s) requested %s: %s", item.rank, item.sender_pid,
                            action.name, item.request.description or "(no reason given)")
             if action is WorkloadAction.ShutdownWorkload:
-                if self.outcome != OUTCOME_SHUTDOWN:
+                if self._phase is not AgentPhase.SHUTDOWN:
                     self._outcome_cause = (f"rank {item.rank} (pid {item.sender_pid}) requested ShutdownWorkload: "
                                            f"{item.request.description or '(no reason given)'}")
-                self.outcome = OUTCOME_SHUTDOWN
+                    self._enter(AgentPhase.SHUTDOWN)
                 self._channel.publish_shutdown(self._events.node, item.rank, item.request.description)
-            elif action is WorkloadAction.ExcludeThisNode and self.outcome is None:
+            elif action is WorkloadAction.ExcludeThisNode and not self._phase.requested:
                 self._outcome_cause = (f"rank {item.rank} (pid {item.sender_pid}) requested ExcludeThisNode: "
                                        f"{item.request.description or '(no reason given)'}")
-                self.outcome = OUTCOME_EXCLUDED
+                self._enter(AgentPhase.EXCLUDED)
 
     def _check_other_nodes(self, force: bool = False) -> None:
         """Learn about a ShutdownWorkload requested on another node."""
-        if self.outcome is not None:
+        if self._phase.requested:
             return
         notice = self._channel.poll_shutdown(force=force)
         if notice is None:
             return
-        self.outcome = OUTCOME_SHUTDOWN
+        self._enter(AgentPhase.SHUTDOWN)
         self._outcome_cause = f"node {notice.node} requested ShutdownWorkload: {notice.description}"
         self._events.record("control_request", cycle=self.cycle, action=WorkloadAction.ShutdownWorkload.name,
                             description=notice.description, rank=notice.rank, from_node=notice.node)
         logger.warning("node %s requested ShutdownWorkload: %s", notice.node, notice.description)
 
     def _stop_for_outcome(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
-        decision = outcome_decision(self.outcome or OUTCOME_SHUTDOWN)
+        decision = outcome_decision(_OUTCOMES[self._phase])
         if result.state in _FAILED_STATES:
             self._log_failures(worker_group, result, decision)
         else:  # the workers are still up: the request is the whole story
@@ -545,9 +564,8 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     def _reap_leftovers(self) -> None:
         """Kill what workers left behind: their process groups and re-parented orphans."""
-        template = self._warm.pid if self._warm is not None else None
         killed = processes.kill_leftovers(worker_pids=self.worker_pids, keep=set(self._monitors.pids()),
-                                          keep_alone={template, *self._helper_pids} - {None})
+                                          keep_alone={self._starts.pid, *self._helper_pids} - {None})
         if killed:
             logger.warning("killed %s process(es) left behind by workers: %s", len(killed), sorted(killed))
             self._events.record("leftovers_killed", cycle=self.cycle, pids=sorted(killed))

@@ -18,35 +18,30 @@ import shutil
 import sys
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ft_core.wire import reference_options
-from ft_core.wire.config import (
-    MAX_SECONDS,
-    ConfigError,
-    FaultToleranceConfig,
-    MissingSectionError,
-    parse_seconds,
-)
+from ft_core.wire.config import ConfigError, FaultToleranceConfig
 from ft_core.wire.env import (
     AUTORESUME_RUN_DIR_ENV_VAR,
-    FT_LAUNCHER_EVENT_LOG_ENV_VAR,
     FT_LAUNCHER_WARM_RESTARTS_ENV_VAR,
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
 )
 from ft_core.wire.reference_options import REFERENCE_ONLY_OPTIONS
 from launcher import exit_codes
+from launcher.options import (
+    DEFAULT_WORKERS_STOP_TIMEOUT,
+    SOURCE_DEFAULT,
+    LauncherOptions,
+    UsageError,
+    config_sources,
+    torchrun_default,
+)
 from launcher.warm.coordinator import DEFAULT_PRELOAD, START_DELAY
 
 logger = logging.getLogger("launcher")
-
-DEFAULT_WORKERS_STOP_TIMEOUT = 2.0
-"""Default of ``--workers-stop-timeout`` (the reference's is 30 s: see docs/porting.md); equals
-``launcher.agent.RESTART_GRACE_SECONDS`` (tests/unit/test_launcher_cli.py checks)."""
 
 def _flag_spellings(field: str) -> list[str]:
     dashed = field.replace("_", "-")
@@ -164,127 +159,6 @@ def _configure_logging(level: int) -> None:
         log.propagate = False
 
 
-@dataclass(frozen=True)
-class LauncherOptions:
-    """The launcher's own options: how it stops workers, warm restarts, the event log.
-
-    They are not fault tolerance config fields (monitors and ranks never see them). Built and
-    checked once, by :meth:`from_args`, from the command line and the launcher's environment
-    variables (named in :mod:`ft_core.wire.env`); the rest of the launcher reads only this object.
-
-    Attributes:
-        term_timeout: ``--term-timeout``: seconds between SIGTERM and SIGKILL when workers are
-            stopped (fractions kept); None = torchrun's ``--shutdown-timeout``.
-        warm_restarts: False with ``--no-warm-restarts`` or ``FT_LAUNCHER_WARM_RESTARTS=0``.
-        warm_preload: ``--warm-preload``: modules the warm template imports.
-        warm_start_delay: ``FT_LAUNCHER_WARM_START_DELAY``: start the template at the latest
-            this long after a cycle's workers started (0 = at once).
-        event_log: ``--ft-event-log``, else ``FT_LAUNCHER_EVENT_LOG``, else
-            ``<--log-dir>/ft_events.jsonl`` when ``--log-dir`` is given, else
-            ``$AUTORESUME_RUN_DIR/ft_events.jsonl`` under ``scripts/autoresume.sh``, else None
-            (in memory).
-        event_log_source: Which of these gave ``event_log`` (for the effective-config lines).
-        workers_stop_timeout: ``--workers-stop-timeout``: seconds from SIGTERM to SIGKILL for
-            the surviving workers after a worker failed (before a restart).
-        ignored_options: One warning line per reference-only option given with a harmless value
-            (:mod:`ft_core.wire.reference_options`); :func:`main` logs them.
-    """
-
-    term_timeout: float | None = None
-    warm_restarts: bool = True
-    warm_preload: tuple[str, ...] = DEFAULT_PRELOAD
-    warm_start_delay: float = START_DELAY
-    event_log: str | None = None
-    workers_stop_timeout: float = DEFAULT_WORKERS_STOP_TIMEOUT
-    ignored_options: tuple[str, ...] = ()
-    event_log_source: str = ""
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> LauncherOptions:
-        """Build the options from parsed arguments and the environment (default ``os.environ``).
-
-        Raises:
-            ConfigError: An invalid value, or a reference-only option that asks for a feature we
-                lack; the message names the flag or variable and echoes the value.
-        """
-        environ = os.environ if environ is None else environ
-        term_timeout = None
-        if args.term_timeout is not None:
-            term_timeout = _seconds_or_zero("--term-timeout", args.term_timeout)
-        workers_stop_timeout = DEFAULT_WORKERS_STOP_TIMEOUT
-        if getattr(args, "workers_stop_timeout", None) is not None:
-            workers_stop_timeout = _seconds_or_zero("--workers-stop-timeout", args.workers_stop_timeout)
-        ignored = tuple(
-            reference_options.check(option, value, option.flag)
-            for option in REFERENCE_ONLY_OPTIONS
-            if (value := getattr(args, f"ft_{option.name}", None)) is not None
-        )
-        delay = environ.get(FT_LAUNCHER_WARM_START_DELAY_ENV_VAR)
-        event_log, event_log_source = _event_log_default(args, environ)
-        return cls(
-            term_timeout=term_timeout,
-            warm_restarts=_switch(FT_LAUNCHER_WARM_RESTARTS_ENV_VAR, environ) and args.warm_restarts,
-            warm_preload=tuple(m for m in args.warm_preload.split(",") if m),
-            warm_start_delay=(START_DELAY if delay is None
-                              else _seconds_or_zero(FT_LAUNCHER_WARM_START_DELAY_ENV_VAR, delay)),
-            event_log=event_log,
-            workers_stop_timeout=workers_stop_timeout,
-            ignored_options=ignored,
-            event_log_source=event_log_source,
-        )
-
-    def stop_timeout(self, shutdown_timeout: float) -> float:
-        """Seconds from SIGTERM to SIGKILL: ``--term-timeout``, else torchrun's ``shutdown_timeout``."""
-        return shutdown_timeout if self.term_timeout is None else self.term_timeout
-
-
-EVENT_LOG_NAME = "ft_events.jsonl"
-
-
-def _event_log_default(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The event log path and what chose it (see :attr:`LauncherOptions.event_log`)."""
-    if args.ft_event_log:
-        return args.ft_event_log, "--ft-event-log"
-    if environ.get(FT_LAUNCHER_EVENT_LOG_ENV_VAR):
-        return environ[FT_LAUNCHER_EVENT_LOG_ENV_VAR], FT_LAUNCHER_EVENT_LOG_ENV_VAR
-    if args.log_dir:
-        return os.path.join(args.log_dir, EVENT_LOG_NAME), "--log-dir"
-    if environ.get(AUTORESUME_RUN_DIR_ENV_VAR):
-        return os.path.join(environ[AUTORESUME_RUN_DIR_ENV_VAR], EVENT_LOG_NAME), AUTORESUME_RUN_DIR_ENV_VAR
-    return None, ""
-
-
-SOURCE_DEFAULT = "default"
-TORCHRUN_SHUTDOWN_TIMEOUT = 30  # torchrun's --shutdown-timeout default
-
-
-def config_sources(args: argparse.Namespace) -> dict[str, str]:
-    """Where each config field's effective value comes from.
-
-    Returns:
-        Field name -> ``"command line --ft-param-<field>"``, ``"file <path>"`` or
-        ``"default"``, by the precedence of :meth:`FaultToleranceConfig.from_args`.
-
-    Raises:
-        ConfigError: As :meth:`FaultToleranceConfig.from_args` (the YAML file cannot be read).
-    """
-    in_file: set[str] = set()
-    if args.ft_cfg_path and os.path.exists(args.ft_cfg_path):
-        try:
-            in_file = set(FaultToleranceConfig.read_yaml_section(args.ft_cfg_path))
-        except MissingSectionError:  # from_args accepted it (options given, or ignore-missing)
-            in_file = set()
-    sources = {}
-    for field in FaultToleranceConfig.field_names():
-        if getattr(args, f"ft_param_{field}", None) is not None or getattr(args, f"ft_{field}", None) is not None:
-            sources[field] = f"command line --ft-param-{field}"
-        elif field in in_file:
-            sources[field] = f"file {args.ft_cfg_path}"
-        else:
-            sources[field] = SOURCE_DEFAULT
-    return sources
-
-
 def _shown(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}:{'null' if v is None else f'{v:g}'}" for k, v in value.items()) or "(none)"
@@ -306,7 +180,7 @@ def effective_config_lines(cfg: FaultToleranceConfig, sources: Mapping[str, str]
              for name, value in values.items() if value != defaults[name]]
     if options.term_timeout is not None:
         lines.append(f"  term timeout = {options.term_timeout:g} s  (--term-timeout)")
-    elif getattr(args, "shutdown_timeout", None) not in (None, TORCHRUN_SHUTDOWN_TIMEOUT):
+    elif getattr(args, "shutdown_timeout", None) not in (None, torchrun_default("shutdown_timeout")):
         lines.append(f"  term timeout = {args.shutdown_timeout} s  (--shutdown-timeout)")
     if not options.warm_restarts:
         source = "--no-warm-restarts" if not args.warm_restarts else f"{FT_LAUNCHER_WARM_RESTARTS_ENV_VAR}=0"
@@ -343,37 +217,6 @@ def check_training_script(args: argparse.Namespace) -> None:
                           "nothing was started")
 
 
-def _switch(name: str, environ: Mapping[str, str]) -> bool:
-    """An on/off variable: ``1`` (or unset/empty) is on, ``0`` off.
-
-    Raises:
-        ConfigError: Any other value, named and echoed.
-    """
-    value = environ.get(name, "").strip()
-    if value not in ("", "0", "1"):
-        raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
-    return value != "0"
-
-
-def _seconds_or_zero(name: str, value: Any) -> float:
-    """:func:`ft_core.wire.config.parse_seconds` (finite, at most ``MAX_SECONDS``), plus 0 ("at once").
-
-    Raises:
-        ConfigError: Naming ``name`` and echoing ``value``.
-    """
-    try:
-        if float(value) == 0:
-            return 0.0
-    except (TypeError, ValueError):
-        pass
-    try:
-        number = parse_seconds(name, value, allow_none=False)
-    except ConfigError:
-        raise ConfigError(f"{name} must be a number of seconds >= 0 and <= {MAX_SECONDS:g}, got {value!r}") from None
-    assert number is not None  # allow_none=False
-    return number
-
-
 @record
 def main(args: list[str] | None = None) -> None:
     """Console entry point of ``ft_launcher``; exits with a code from :mod:`launcher.exit_codes`."""
@@ -393,15 +236,20 @@ def main(args: list[str] | None = None) -> None:
     for line in effective_config_lines(ft_cfg, sources, options, ns):
         logger.info("%s", line)
     # imports torch.distributed.elastic: only after the arguments were checked
-    from launcher.launch import launch, must_exit_without_teardown
+    from launcher.launch import launch
 
-    code = launch(ns, ft_cfg, options, parser)
-    if must_exit_without_teardown():
+    try:
+        outcome = launch(ns, ft_cfg, options)
+    except UsageError as err:
+        parser.error(str(err))
+    if outcome.hard_exit:
+        # A thread may still be inside torch's C++ store client: finalising the interpreter
+        # under it would abort the process instead of exiting with the launcher's code.
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+        os._exit(outcome.exit_code)
+    sys.exit(outcome.exit_code)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 ``FaultTolerantAgent`` overrides private ``LocalElasticAgent`` hooks and touches a few private
 attributes, and ``launcher/launch.py`` rebuilds torch's ``launch_agent`` (which hard-codes
-``LocalElasticAgent``) from torch's own building blocks. These checks read torch's Python
+``LocalElasticAgent``) from torch's own building blocks (``launcher/launch_config.py``). These checks read torch's Python
 sources with :mod:`ast` only (nothing is imported), so they run against any release's sources:
 the installed torch (``tests/unit/test_torch_hooks.py``) and every supported release
 (``make check-torch-versions``, :mod:`tests.torch_versions`).
@@ -40,8 +40,8 @@ TORCH_PRIVATE_ATTRIBUTES = {
 set only through the constructor's ``shutdown_timeout`` argument (see the checks below)."""
 
 LAUNCH_AGENT_CALLS = {
-    # what torch's launch_agent calls -> how launcher/launch.py rebuilds it
-    "uuid.uuid4": "_rendezvous_parameters: a random run id when none is given",
+    # what torch's launch_agent calls -> how launcher/launch.py and launch_config.py rebuild it
+    "uuid.uuid4": "launch_config.ensure_run_id: a random run id when none is given",
     "str": "(plumbing)",
     "int": "(plumbing)",
     "tuple": "(plumbing)",
@@ -49,16 +49,16 @@ LAUNCH_AGENT_CALLS = {
     "logger.warning": "(logging)",
     "logger.info": "(logging)",
     "_get_entrypoint_name": "(logging only)",
-    "RendezvousParameters": "_rendezvous_parameters",
-    "rdzv_registry.get_rendezvous_handler": "_rendezvous_handler (bounded, on a helper thread)",
-    "_get_addr_and_port": "_static_master",
+    "RendezvousParameters": "launch_config.rendezvous_parameters",
+    "rdzv_registry.get_rendezvous_handler": "launch_config.create_rendezvous_handler (bounded, on a helper thread)",
+    "_get_addr_and_port": "launch_config.static_master",
     "WorkerSpec": "worker_spec / worker_spec_kwargs",
     "LocalElasticAgent": "FaultTolerantAgent(...)",
-    "metrics.initialize_metrics": "launch()",
-    "metrics.MetricsConfig": "launch()",
-    "agent.run": "launch()",
-    "result.is_failed": "launch(): exit code 1",
-    "spec.rdzv_handler.shutdown": "_shutdown_rendezvous (not after a signal or an exclusion)",
+    "metrics.initialize_metrics": "LauncherRun._start",
+    "metrics.MetricsConfig": "LauncherRun._start",
+    "agent.run": "LauncherRun._supervise",
+    "result.is_failed": "LauncherRun._supervise: exit code 1",
+    "spec.rdzv_handler.shutdown": "launch_config.close_rendezvous (not after a signal or an exclusion)",
     "ChildFailedError": "not rebuilt: main's @record reports the launcher's own errors; worker "
                         "failures are in the event log and the exit code",
     "events.record": "not rebuilt: torch's agent-level elastic events (event_log_handler); the "
@@ -72,7 +72,7 @@ LAUNCH_AGENT_CALLS = {
     "_AliveCallbackProxy": "not rebuilt: the early health check server",
     "cb.set_delegate": "not rebuilt: the early health check server",
     "alive_callback_proxy.set_delegate": "not rebuilt: the early health check server (torch 2.12)",
-    "logger.exception": "(logging: a failed rendezvous close, torch 2.15; _shutdown_rendezvous logs it too)",
+    "logger.exception": "(logging: a failed rendezvous close, torch 2.15; close_rendezvous logs it too)",
 }
 """Every call torch's ``launch_agent`` makes in any supported release (a release may make fewer)."""
 LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT = {"health_check_server": "the early health check server is not rebuilt"}
@@ -85,11 +85,12 @@ LAUNCH_CONFIG_FIELDS_READ = {
     "rdzv_configs", "shutdown_timeout", "logs_specs", "start_method", "log_line_prefix_template",
     "metrics_cfg",
 }
-"""The ``LaunchConfig`` attributes launcher/launch.py reads."""
+"""The ``LaunchConfig`` attributes launcher/launch.py and launch_config.py read."""
 
 TORCHRUN_OPTIONS_READ = ("--standalone", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--nnodes",
                          "--master-port", "--log-dir", "--redirects", "--tee", "--shutdown-timeout")
-"""torchrun options whose values launcher/launch.py reads from the parsed arguments."""
+"""torchrun options whose values the launcher reads from the parsed arguments (or their defaults
+from torchrun's parser: ``launcher.options.torchrun_default``)."""
 
 INVOKE_RUN_FRAGMENTS = [
     ("monitor_interval = spec.monitor_interval", "we shrink spec.monitor_interval before the loop reads it"),
@@ -376,13 +377,14 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
                "rebuilds it, and list the calls in LAUNCH_AGENT_CALLS")
     source = src.segment(LAUNCHER_API, launch_agent)
     if 'os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle' not in source:
-        yield "launch_agent no longer sets TORCHELASTIC_SIGNALS_TO_HANDLE as launcher.launch.worker_spec does"
+        yield ("launch_agent no longer sets TORCHELASTIC_SIGNALS_TO_HANDLE as "
+               "launcher.environment.set_up_environment does")
     if "shutdown_rdzv = False" not in source:
         yield "launch_agent now closes the rendezvous after a signal (we keep it open for the other nodes)"
-    ours_tree = _our_tree("launcher/launch.py")
-    ours = calls_in(ours_tree)
+    config_tree = _our_tree("launcher/launch_config.py")
+    ours = calls_in(_our_tree("launcher/launch.py")) | calls_in(config_tree)
     if "WorkerSpec" in theirs:
-        kwargs_func = next(n for n in ours_tree.body if isinstance(n, ast.FunctionDef) and n.name == "worker_spec_kwargs")
+        kwargs_func = next(n for n in config_tree.body if isinstance(n, ast.FunctionDef) and n.name == "worker_spec_kwargs")
         our_fields = {ast.literal_eval(k) for n in ast.walk(kwargs_func) if isinstance(n, ast.Dict)
                       for k in n.keys if k is not None}
         their_fields = keywords(theirs["WorkerSpec"])
@@ -401,7 +403,7 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
         if not (agent_args | set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT)) <= set(init):
             yield f"LocalElasticAgent.__init__ takes {init}"
     if "RendezvousParameters" in theirs and keywords(theirs["RendezvousParameters"]) != keywords(ours["RendezvousParameters"]):
-        yield "launch_agent builds RendezvousParameters with other arguments than launcher.launch"
+        yield "launch_agent builds RendezvousParameters with other arguments than launcher.launch_config"
     rdzv = _methods(src.cls("torch.distributed.elastic.rendezvous.api", "RendezvousParameters"))["__init__"]
     names = set(params(rdzv)) | ({rdzv.args.kwarg.arg} if rdzv.args.kwarg else set())
     if not names >= {"backend", "endpoint", "run_id", "min_nodes", "max_nodes", "local_addr", "kwargs"}:
@@ -415,18 +417,25 @@ def check_launch_config(src: TorchSource) -> Iterator[str]:
         yield f"torch's LaunchConfig no longer has {sorted(missing)}"
 
 
+def torchrun_run_fragments() -> tuple[str, ...]:
+    """What torchrun's ``run()`` does that ``launcher.launch_config.apply_torchrun_defaults`` repeats."""
+    from launcher.launch_config import TORCHRUN_MASTER_PORT
+
+    return ('args.rdzv_backend = "c10d"', 'args.rdzv_endpoint = "localhost:0"',
+            "parse_min_max_nnodes(args.nnodes)", f"args.master_port = {TORCHRUN_MASTER_PORT}")
+
+
 def check_torchrun(src: TorchSource) -> Iterator[str]:
     run = src.segment(RUN, src.function(RUN, "run"))
-    for fragment in ('args.rdzv_backend = "c10d"', 'args.rdzv_endpoint = "localhost:0"',
-                     "parse_min_max_nnodes(args.nnodes)", "args.master_port = 29500"):
+    for fragment in torchrun_run_fragments():
         if fragment not in run:
-            yield f"torchrun's run() changed ({fragment!r}); see launch._apply_torchrun_defaults"
+            yield f"torchrun's run() changed ({fragment!r}); see launch_config.apply_torchrun_defaults"
     parser_source = src.segment(RUN, src.function(RUN, "get_args_parser"))
     strings = {n.value for n in ast.walk(src.function(RUN, "get_args_parser"))
                if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("--")}
     for option in TORCHRUN_OPTIONS_READ:
         if option not in strings and option.replace("-", "_").replace("__", "--", 1) not in strings:
-            yield f"torchrun has no {option} option any more (launcher.launch reads it)"
+            yield f"torchrun has no {option} option any more (the launcher reads it)"
     clashes = sorted(o for o in _our_launcher_option_strings() if o in strings)
     if clashes:
         yield f"torchrun now has options of ours: {clashes} (argparse would refuse to add them)"
@@ -459,6 +468,19 @@ def check_our_imports(src: TorchSource) -> Iterator[str]:
         submodule = f"{module}.{name}"
         if name and not src.path(submodule).exists() and not _defines(src, module, name):
             yield f"{where}: {module} no longer defines {name}"
+
+
+C10D_BACKEND = "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
+
+
+def check_c10d_read_timeout(src: TorchSource) -> Iterator[str]:
+    """launcher.launch_config bounds the handler's creation by c10d's default read timeout."""
+    from launcher.launch_config import C10D_DEFAULT_READ_TIMEOUT
+
+    fragment = f'"read_timeout", {C10D_DEFAULT_READ_TIMEOUT:g})'
+    if fragment not in src.text(C10D_BACKEND):
+        yield (f"torch's c10d rendezvous backend no longer defaults read_timeout as {fragment!r} "
+               "(launcher.launch_config.C10D_DEFAULT_READ_TIMEOUT)")
 
 
 DYNAMIC_RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
@@ -500,6 +522,7 @@ CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (
     check_hooks, check_start_workers_hands_us_envs, check_stop_workers, check_shutdown_timeout,
     check_invoke_run, check_private_attributes, check_data_we_read, check_environment_variables,
     check_launch_agent, check_launch_config, check_torchrun, check_our_imports, check_rendezvous_poll,
+    check_c10d_read_timeout,
 )
 
 

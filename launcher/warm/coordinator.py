@@ -12,7 +12,8 @@ ready, and whenever it is gone, trampolines fall back to the plain cold start. A
 dies is replaced the same way in the next cycle.
 
 :class:`WarmTemplate` is the process handle; :class:`WarmCoordinator` is what the agent calls
-at its hooks (when to start, whether the template is ready, replacement, and the event records).
+at its hooks (when to start, whether the template is ready, replacement, and the event records),
+with the interface of :class:`launcher.warm.cold.StartCoordinator` (``ColdStart`` is the cold one).
 """
 
 from __future__ import annotations
@@ -216,6 +217,9 @@ class WarmCoordinator:
         start_delay: Start the template at the latest this long after a cycle's workers
             started, even if not all of them are up yet.
     """
+
+    uses_stand_ins = True
+    """torch starts trampolines (stand-ins); the template forks the workers (see resolve_workers)."""
 
     def __init__(self, template: WarmTemplate, events: EventLog, start_delay: float = START_DELAY) -> None:
         self.template = template

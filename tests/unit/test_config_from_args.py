@@ -17,8 +17,8 @@ import pytest
 from ft_core import FaultToleranceConfig
 from ft_core.wire.config import ConfigError
 from ft_core.wire.reference_options import REFERENCE_ONLY_OPTIONS
-from launcher import agent, get_args_parser
-from launcher.cli import DEFAULT_WORKERS_STOP_TIMEOUT, LauncherOptions
+from launcher import get_args_parser
+from launcher.options import DEFAULT_WORKERS_STOP_TIMEOUT, LauncherOptions
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -94,8 +94,8 @@ def test_an_invalid_option_value_names_the_option():
 # ---------------------------------------------------------------------- --workers-stop-timeout
 
 
-def test_workers_stop_timeout_defaults_to_the_agents_grace_and_takes_fractions():
-    assert DEFAULT_WORKERS_STOP_TIMEOUT == agent.RESTART_GRACE_SECONDS
+def test_workers_stop_timeout_has_one_default_and_takes_fractions():
+    assert DEFAULT_WORKERS_STOP_TIMEOUT == 2.0  # docs/launcher.md and --help say 2 s
     assert LauncherOptions.from_args(parse(), environ={}).workers_stop_timeout == DEFAULT_WORKERS_STOP_TIMEOUT
     for flag in ("--workers-stop-timeout", "--workers_stop_timeout"):
         assert LauncherOptions.from_args(parse(flag, "0.25"), environ={}).workers_stop_timeout == 0.25

@@ -14,7 +14,7 @@ from ft_core.wire.env import (
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
 )
 from launcher import get_args_parser
-from launcher.cli import LauncherOptions
+from launcher.options import LauncherOptions
 
 FT = [sys.executable, "-m", "launcher"]
 
@@ -242,7 +242,8 @@ def test_a_missing_training_script_is_a_usage_error(tmp_path):
 
 
 def effective(*argv, environ=None, cfg_file=None) -> list[str]:
-    from launcher.cli import config_sources, effective_config_lines
+    from launcher.cli import effective_config_lines
+    from launcher.options import config_sources
 
     args = parse(*(["--ft-cfg-path", str(cfg_file)] if cfg_file else []), *argv)
     return effective_config_lines(FaultToleranceConfig.from_args(args), config_sources(args),
@@ -281,11 +282,11 @@ def test_term_timeout_and_torchruns_shutdown_timeout_set_the_same_thing(tmp_path
     # docs/launcher.md: --shutdown-timeout is --term-timeout's default; --term-timeout wins.
     from torch.distributed import run as torch_run
 
-    from launcher.launch import _apply_torchrun_defaults
+    from launcher.launch_config import apply_torchrun_defaults
 
     def stop_timeout(*argv):
         args = parse("--standalone", "--log-dir", str(tmp_path), *argv)
-        _apply_torchrun_defaults(args)
+        apply_torchrun_defaults(args)
         config, _, _ = torch_run.config_from_args(args)
         return LauncherOptions.from_args(args, {}).stop_timeout(config.shutdown_timeout)
 

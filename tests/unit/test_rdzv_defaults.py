@@ -1,4 +1,4 @@
-"""ft_launcher's rendezvous defaults for fast recovery across nodes (launcher.launch.RDZV_DEFAULTS)."""
+"""ft_launcher's rendezvous defaults for fast recovery across nodes (launcher.launch_config.RDZV_DEFAULTS)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.launch import (
+from launcher.launch_config import (
     RDZV_DEFAULTS,
-    _rendezvous_parameters,
-    _StartFailed,
+    StartFailed,
     apply_rendezvous_defaults,
+    pop_poll_interval,
     pop_store_lost_timeout,
+    rendezvous_parameters,
 )
 from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, StoreWatchdog
 
@@ -26,7 +27,7 @@ def config(backend: str = "c10d", **conf: str) -> SimpleNamespace:
 def test_c10d_gets_the_fast_recovery_defaults():
     cfg = config()
     assert sorted(apply_rendezvous_defaults(cfg)) == sorted(RDZV_DEFAULTS)
-    params = _rendezvous_parameters(cfg)
+    params = rendezvous_parameters(cfg)
     assert params.get_as_int("keep_alive_interval") == 1
     assert params.get_as_int("keep_alive_max_attempt") == 3
     assert params.get_as_int("last_call_timeout") == 2
@@ -52,7 +53,7 @@ def test_store_lost_timeout_is_ours_and_removed_before_torch_sees_the_settings()
 
 
 def test_invalid_store_lost_timeout_is_a_usage_error():
-    with pytest.raises(_StartFailed) as err:
+    with pytest.raises(StartFailed) as err:
         pop_store_lost_timeout(config(store_lost_timeout="soon"))
     assert err.value.exit_code == 2
 
@@ -80,8 +81,6 @@ def test_the_poll_interval_grows_with_the_node_count_up_to_torchs_second():
 
 
 def test_poll_interval_from_rdzv_conf_is_removed_before_torch_sees_it():
-    from launcher.launch import pop_poll_interval
-
     cfg = config(poll_interval="0.05", join_timeout="30")
     assert pop_poll_interval(cfg) == 0.05
     assert cfg.rdzv_configs == {"join_timeout": "30"}
@@ -90,9 +89,7 @@ def test_poll_interval_from_rdzv_conf_is_removed_before_torch_sees_it():
 
 @pytest.mark.parametrize("raw", ["0", "2", "fast", "nan", "-1"])
 def test_a_bad_poll_interval_is_a_usage_error_naming_the_key(raw):
-    from launcher.launch import pop_poll_interval
-
-    with pytest.raises(_StartFailed) as caught:
+    with pytest.raises(StartFailed) as caught:
         pop_poll_interval(config(poll_interval=raw))
     assert str(caught.value) == f"invalid rendezvous configuration: poll_interval={raw!r} (seconds from 0.01 to 1)"
     assert caught.value.exit_code == 2

@@ -35,6 +35,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
 from torch.distributed.launcher import api as launcher_api
 
+from launcher import environment, launch_config
 from launcher import launch as our_launch
 from launcher.agent import FaultTolerantAgent
 from launcher.cli import get_args_parser
@@ -48,6 +49,7 @@ from tests.torch_source_checks import (
     OUR_AGENT_ARG_NAMES,
     TORCH_PRIVATE_ATTRIBUTES,
     run_checks,
+    torchrun_run_fragments,
 )
 
 LAUNCHER = Path(__file__).resolve().parents[2] / "launcher"
@@ -228,9 +230,9 @@ def test_store_errors_are_what_we_catch():
 
 
 def test_environment_variables_torch_still_reads():
-    assert our_launch.SHARE_STORE_ENV in inspect.getsource(dynamic_rendezvous), (
+    assert environment.SHARE_STORE_ENV in inspect.getsource(dynamic_rendezvous), (
         "torch's c10d rendezvous no longer reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE (fresh store per round)")
-    assert "TORCHELASTIC_SIGNALS_TO_HANDLE" in inspect.getsource(mp_api)
+    assert environment.SIGNALS_TO_HANDLE_ENV in inspect.getsource(mp_api)
 
 
 # ---------------------------------------------------------------------- the launch_agent we rebuild
@@ -242,13 +244,14 @@ def test_launch_agent_does_nothing_we_do_not_know_about():
         f"torch's launch_agent now also calls {sorted(calls - set(LAUNCH_AGENT_CALLS))}: check "
         "launcher/launch.py, which rebuilds it")
     source = inspect.getsource(launcher_api.launch_agent)
-    assert 'os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle' in source
+    # launcher.environment.set_up_environment sets it as launch_agent does
+    assert f'os.environ["{environment.SIGNALS_TO_HANDLE_ENV}"] = config.signals_to_handle' in source
     assert "shutdown_rdzv = False" in source  # not after a signal: the others keep the rendezvous
 
 
 def test_we_build_the_worker_spec_as_launch_agent_does():
     theirs = keywords(calls_in(function_ast(launcher_api.launch_agent))["WorkerSpec"])
-    tree = function_ast(our_launch.worker_spec_kwargs)
+    tree = function_ast(launch_config.worker_spec_kwargs)
     ours = {ast.literal_eval(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
     assert ours == theirs, f"launch_agent's WorkerSpec fields changed: {sorted(theirs ^ ours)}"
     assert ours <= {f.name for f in fields(WorkerSpec)}
@@ -256,15 +259,15 @@ def test_we_build_the_worker_spec_as_launch_agent_does():
 
 def test_we_build_the_agent_and_rendezvous_parameters_as_launch_agent_does():
     theirs = calls_in(function_ast(launcher_api.launch_agent))
-    launch_tree = ast.parse(inspect.getsource(our_launch))
-    ours = calls_in(launch_tree)
+    ours = calls_in(ast.parse(inspect.getsource(our_launch)))  # the agent is built there
+    ours_rdzv = calls_in(ast.parse(inspect.getsource(launch_config)))  # the rendezvous there
     agent_args = keywords(theirs["LocalElasticAgent"]) - set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT)
     passed = keywords(ours["FaultTolerantAgent"]) | {"spec", "logs_specs"}  # the first two are positional
     missing = {a for a in agent_args if OUR_AGENT_ARG_NAMES.get(a, a) not in passed}
     assert not missing, f"torch's launch_agent now gives LocalElasticAgent {sorted(missing)}; we do not"
     params = inspect.signature(LocalElasticAgent.__init__).parameters
     assert agent_args <= set(params) and set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT) <= set(params)
-    assert keywords(theirs["RendezvousParameters"]) == keywords(ours["RendezvousParameters"])
+    assert keywords(theirs["RendezvousParameters"]) == keywords(ours_rdzv["RendezvousParameters"])
     assert inspect.signature(RendezvousParameters.__init__).parameters.keys() >= {
         "backend", "endpoint", "run_id", "min_nodes", "max_nodes", "local_addr", "kwargs"}
 
@@ -272,7 +275,7 @@ def test_we_build_the_agent_and_rendezvous_parameters_as_launch_agent_does():
 def test_config_from_args_gives_what_we_read(tmp_path):
     args = get_args_parser().parse_args(["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
                                          "--nproc-per-node", "1", "--log-dir", str(tmp_path), "train.py", "--x"])
-    our_launch._apply_torchrun_defaults(args)
+    launch_config.apply_torchrun_defaults(args)
     config, entrypoint, entry_args = torch_run.config_from_args(args)
     missing = {name for name in LAUNCH_CONFIG_FIELDS_READ if not hasattr(config, name)}
     assert not missing, f"torch's LaunchConfig no longer has {sorted(missing)}"
@@ -286,12 +289,31 @@ def test_config_from_args_gives_what_we_read(tmp_path):
 ])
 def test_torchrun_defaults_are_applied_as_torchrun_does(argv, backend, endpoint):
     source = inspect.getsource(torch_run.run)
-    for fragment in ('args.rdzv_backend = "c10d"', 'args.rdzv_endpoint = "localhost:0"',
-                     "parse_min_max_nnodes(args.nnodes)", "args.master_port = 29500"):
-        assert fragment in source, f"torchrun's run() changed ({fragment!r}); see launch._apply_torchrun_defaults"
+    for fragment in torchrun_run_fragments():
+        assert fragment in source, f"torchrun's run() changed ({fragment!r}); see launch_config.apply_torchrun_defaults"
     args = get_args_parser().parse_args([*argv, "train.py"])
-    our_launch._apply_torchrun_defaults(args)
+    launch_config.apply_torchrun_defaults(args)
     assert (args.rdzv_backend, args.rdzv_endpoint) == (backend, endpoint)
+
+
+def test_the_torchrun_defaults_we_compare_with_are_torchruns_own():
+    # launcher.options.torchrun_default reads torchrun's parser: no copies of its defaults.
+    from launcher.options import torchrun_default
+
+    theirs = torch_run.get_args_parser()
+    for dest in ("redirects", "tee", "shutdown_timeout", "log_dir"):
+        assert torchrun_default(dest) == theirs.get_default(dest)
+    args = get_args_parser().parse_args(["train.py"])
+    assert not launch_config.keeps_torch_logs(args)
+    assert launch_config.keeps_torch_logs(get_args_parser().parse_args(["--tee", "3", "train.py"]))
+
+
+def test_c10d_defaults_we_rely_on_are_torchs():
+    from torch.distributed.elastic.rendezvous import c10d_rendezvous_backend
+
+    source = inspect.getsource(c10d_rendezvous_backend)
+    assert f'"read_timeout", {launch_config.C10D_DEFAULT_READ_TIMEOUT:g})' in source
+    assert launch_config.C10D_DEFAULT_PORT == c10d_rendezvous_backend.DEFAULT_PORT
 
 
 # ---------------------------------------------------------------------- the static checks

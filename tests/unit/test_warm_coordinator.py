@@ -95,3 +95,24 @@ def test_adopt_rewrites_python_commands_only(coordinator):
     other = WorkerSpec(role="t", local_world_size=1, rdzv_handler=None, entrypoint="/bin/echo", args=("x",))
     assert not coordinator.adopt(other)
     assert (other.entrypoint, other.args) == ("/bin/echo", ("x",))
+
+
+def test_cold_and_warm_starts_have_the_interface_the_agent_uses():
+    import inspect
+
+    from launcher.warm.cold import ColdStart, StartCoordinator
+
+    names = [n for n in vars(StartCoordinator) if not n.startswith("_")]
+    assert set(names) >= {"uses_stand_ins", "pid", "before_cycle", "workers_started", "maybe_start",
+                          "resolve_workers", "worker_env"}
+    for cls in (ColdStart, WarmCoordinator):
+        for name in names:
+            ours, theirs = getattr(StartCoordinator, name), getattr(cls, name)
+            if callable(ours):
+                wanted = list(inspect.signature(ours).parameters)
+                assert list(inspect.signature(theirs).parameters)[: len(wanted)] == wanted, (cls, name)
+    cold = ColdStart()
+    assert (cold.uses_stand_ins, cold.pid, cold.before_cycle(3), cold.maybe_start(3, workers_up=True)) == \
+        (False, None, False, False)
+    assert cold.resolve_workers({0: 11, 1: 12}) == {0: 11, 1: 12} and cold.worker_env() == {}
+    assert WarmCoordinator.uses_stand_ins is True
