@@ -21,6 +21,7 @@ import stat
 import subprocess
 import time
 import traceback
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +32,14 @@ from tests.launcher_util import FT_LAUNCHER, launcher_env, wait_for
 
 WORKER = str(Path(__file__).resolve().parent.parent / "workers" / "faults_worker.py")
 MARKER = "FAULTS_CASE_ID"
+# The marker's value is the case id plus this run's own token: two runs of the matrix on one
+# machine (two clones, two sessions) must never count, or kill, each other's processes.
+_RUN_TOKEN = uuid.uuid4().hex[:12]
+
+
+def marker_value(case_id: str) -> str:
+    """What this run of the matrix puts in ``FAULTS_CASE_ID`` for one case."""
+    return f"{case_id}@{_RUN_TOKEN}"
 LEFTOVER_GRACE = 5.0
 
 
@@ -56,7 +65,7 @@ class Launcher:
         self.name = name
         self.events_path = run.dir / f"{name}.events.jsonl"
         self.log_path = run.dir / f"{name}.log"
-        env = launcher_env({**(env or {}), "TMPDIR": str(run.tmp), MARKER: run.case_id})
+        env = launcher_env({**(env or {}), "TMPDIR": str(run.tmp), MARKER: marker_value(run.case_id)})
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [*FT_LAUNCHER, *args], env=env, stdin=subprocess.DEVNULL, stdout=log,
@@ -132,7 +141,7 @@ class CaseRun:
 
 def live_case_processes(case_id: str) -> list[str]:
     """Non-zombie processes whose environment carries this case's marker."""
-    needle = f"{MARKER}={case_id}".encode()
+    needle = f"{MARKER}={marker_value(case_id)}".encode()
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
