@@ -1,15 +1,17 @@
 """The life cycle both fault tolerance callbacks share.
 
-``setup`` (``fit`` stage only) connects a :class:`~ft_core.RankMonitorClient`, restores timeouts
-saved by an earlier run, checks that hang detection can work, arms a simulated fault and hooks
-checkpoint saving. ``teardown`` (a ``fit`` run that ended normally) and ``on_exception`` (one
-that did not) update timeouts when that is safe, create the finished flag when training is
-complete, and disconnect.
+``setup`` (``fit`` stage only) opens the callback's :class:`~ft_core.client.session.FrontEndSession`:
+it connects a :class:`~ft_core.RankMonitorClient`, restores timeouts saved by an earlier run,
+checks that hang detection can work, arms a simulated fault, hooks checkpoint saving and arms the
+graceful stop, in the session's order. ``teardown`` (a ``fit`` run that ended normally) and
+``on_exception`` (one that did not) update timeouts when that is safe, create the finished flag
+when training is complete, and close the session (which undoes the set-up in reverse).
 
 The rules (which sections, which timeouts when, the config check, when the final update may run)
-are :mod:`ft_core.client.sections_policy`'s; the state file is :mod:`ft_core.client.state_file`'s. This module
-and the two callbacks only translate Lightning's hooks into the policy's events and carry out
-its answers.
+are :mod:`ft_core.client.sections_policy`'s; the state file is :mod:`ft_core.client.state_file`'s;
+the order of set-up and tear-down is :mod:`ft_core.client.session`'s, the same as
+:mod:`ft_core.client.integration`'s. This module and the two callbacks only translate Lightning's
+hooks into the policy's events and carry out its answers.
 
 Where collectives happen (through the strategy, :class:`~ptl_resiliency._collectives.StrategyCollectives`):
 reading the state file (broadcast from rank 0), planning a simulated fault (broadcast), after
@@ -25,13 +27,10 @@ import logging
 import os
 from typing import Any, Optional, Union
 
-from ft_core.wire.config import ConfigError
-from ft_core.wire.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.wire.errors import RankMonitorClientError
-from ft_core.client.front_end import FrontEnd, require_bool, require_path
-from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig, GracefulStopExit
+from ft_core.client.front_end import require_bool, require_path
+from ft_core.client.graceful_stop import GracefulStopConfig, GracefulStopExit
 from ft_core.client.rank_monitor_client import RankMonitorClient
-from ft_core.client.ranklog import RankLoggerAdapter, configure_rank_logging
+from ft_core.client.ranklog import RankLoggerAdapter
 from ft_core.client.run_errors import record_error_for_launcher, stop_job_for_setup_error
 from ft_core.client.sections_policy import (
     HeartbeatsPolicy,
@@ -40,8 +39,15 @@ from ft_core.client.sections_policy import (
     is_clean_exit,
     is_graceful_stop,
 )
-from ft_core.client.simulated_fault import SimulatedFault, SimulatedFaultParams, setup_simulated_fault
-from ft_core.client.state_file import PART_SECTIONS, StateFile
+from ft_core.client.session import FrontEndSession, session_attribute
+from ft_core.client.simulated_fault import SimulatedFaultParams
+from ft_core.client.state_file import PART_SECTIONS
+from ft_core.wire.config import ConfigError
+from ft_core.wire.env import (
+    FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR,
+    FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
+)
+from ft_core.wire.errors import RankMonitorClientError
 from ptl_resiliency._checkpoint_hooks import CheckpointHooks
 from ptl_resiliency._collectives import StrategyCollectives
 from ptl_resiliency._lightning import Callback, TrainerFn, pl
@@ -57,7 +63,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 GracefulStopOption = Union[None, bool, GracefulStopConfig, dict[str, Any]]
 
 
-class _FaultToleranceCallbackBase(Callback, FrontEnd):
+class _FaultToleranceCallbackBase(Callback):
     """Shared implementation; see :class:`~ptl_resiliency.FaultToleranceCallback`."""
 
     # Subclasses: also wrap the checkpoint IO methods (sections need the IO's own work).
@@ -112,24 +118,24 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
         self.exp_dir: Optional[str] = None if exp_dir is None else os.fspath(exp_dir)
         self.logger_name = logger_name
         self._log = RankLoggerAdapter(logging.getLogger(logger_name))
-        self._client: Optional[RankMonitorClient] = None
+        self._session = FrontEndSession(self._log, self._STATE_PART)  # the connection, set up in order
         self._policy: Any = None  # the subclass's policy, from setup on
-        self._collectives: Optional[StrategyCollectives] = None
         self._flag_path: Optional[str] = None
-        self._state_file: Optional[StateFile] = None
-        self._fault: Optional[SimulatedFault] = None
         self._ckpt_hooks: Optional[CheckpointHooks] = None
         self._metrics: Optional[MetricsLogger] = None
-        self._stop: Optional[GracefulStop] = None  # from setup to the end of the run
         self._stopped: Optional[GracefulStopExit] = None
-        self._set_step: Any = None  # client.set_step (an extension of the reference's client API)
 
     # ------------------------------------------------------------------ public state
 
     @property
     def is_active(self) -> bool:
         """True while connected to the rank monitor (from ``setup`` to the end of the run)."""
-        return self._client is not None
+        return self._session.client is not None
+
+    client = session_attribute("client", "The rank monitor client while connected (for inspection; do not shut it "
+                               "down), else None.")
+    state_file_path = session_attribute("state_file_path", "Where calculated timeouts are loaded from and saved "
+                                        "to (known once set up), else None.")
 
     @property
     def stopped_gracefully(self) -> Optional[GracefulStopExit]:
@@ -181,25 +187,13 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
         """
         if stage != TrainerFn.FITTING:
             return
-        # Until the monitor's log_level is known: INFO, on the console when nothing else is set up.
-        configure_rank_logging(None, "ft_core", self.logger_name)
-        copies = sum(1 for callback in trainer.callbacks if callback is self)
-        if copies > 1:
-            raise ConfigError(
-                f"{type(self).__name__}: the same instance is in the Trainer's callbacks {copies} "
-                "times; pass it once (Trainer(callbacks=[ft, ...]))"
-            )
-        if self._client is not None:
+        if self._session.is_open:
             raise RuntimeError(
                 f"{type(self).__name__} is already active; one instance cannot serve two "
                 "concurrent Trainer.fit() runs"
             )
-        self._log.set_rank(trainer.global_rank)
-        try:
+        with self._session.opening():  # whatever raises below leaves nothing connected or hooked
             self._start(trainer)
-        except BaseException:
-            self._stop_quietly()
-            raise
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """The ``fit`` run ended normally: update timeouts, maybe create the flag, disconnect.
@@ -208,7 +202,7 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
             OSError: The finished flag file could not be created (the auto-resume loop would
                 otherwise run again after a completed training).
         """
-        if stage != TrainerFn.FITTING or self._client is None:
+        if stage != TrainerFn.FITTING or self._session.client is None:
             return
         self._finish(trainer, completion_reason(trainer), clean=True)
 
@@ -230,7 +224,7 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
                 self._on_failure(trainer, exception)
             except Exception:  # the user's policy may raise anything; their exception comes first
                 self._log.exception("fault tolerance: handling %r failed", exception)
-        if self._client is None:
+        if self._session.client is None:
             return
         try:
             # A graceful stop ends a healthy run on every rank at the same step: as clean as a normal end.
@@ -240,13 +234,21 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Remember that this run resumed from a checkpoint (its intervals include the load)."""
-        if self._client is not None:
+        if self._session.client is not None:
             self._policy.checkpoint_loaded()
 
     # ------------------------------------------------------------------ setup
 
     def _start(self, trainer: pl.Trainer) -> None:
+        session = self._session
+        session.begin(trainer.global_rank, StrategyCollectives(trainer.strategy))
         name = type(self).__name__
+        copies = sum(1 for callback in trainer.callbacks if callback is self)
+        if copies > 1:
+            raise ConfigError(
+                f"{name}: the same instance is in the Trainer's callbacks {copies} "
+                "times; pass it once (Trainer(callbacks=[ft, ...]))"
+            )
         others = [type(cb).__name__ for cb in trainer.callbacks
                   if isinstance(cb, _FaultToleranceCallbackBase) and cb is not self]
         if others:
@@ -271,40 +273,36 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
                     "auto-resume loop to stop. Set it (scripts/autoresume.sh does), or pass "
                     "autoresume=False."
                 )
-        collectives = self._collectives = StrategyCollectives(trainer.strategy)
         self._policy = self._new_policy(trainer)
-        path = state_file_for_trainer(trainer, self.exp_dir)  # collective
-        self._state_file = StateFile(path, self._STATE_PART, self._log)
-        client = RankMonitorClient()
+        path = session.use_state_file(state_file_for_trainer(trainer, self.exp_dir)).path  # collective
         # Without calculate_timeouts the configured timeouts are what the user asked for.
-        if self.calculate_timeouts:
-            self._state_file.restore(client, collectives)  # collective
-        client.init_workload_monitoring()
-        self._client = client
-        configure_rank_logging(client.cfg.log_level if client.cfg is not None else None, self.logger_name)
-        self._set_step = getattr(client, "set_step", None)  # RankMonitorClient.set_step (an extension of the reference API)
-        self._remember_saved(client)
-        error = self._config_error(client)
-        if error is not None:
-            raise error
+        client = session.connect(restore=self.calculate_timeouts)  # with restore: a collective
+        session.check_config(self._config_error)
         if self.simulated_fault_params is not None:
-            self._fault = setup_simulated_fault(self.simulated_fault_params, collectives=collectives)  # collective
+            session.arm_fault(self.simulated_fault_params)  # collective
         self._ckpt_hooks = CheckpointHooks(self._on_checkpoint_start, self._on_checkpoint_end, self._WRAP_CHECKPOINT_IO)
+        session.hold("checkpoint hooks", self._unhook)
         self._ckpt_hooks.install(trainer)
         self._metrics = MetricsLogger(trainer, self._log, sections=self._STATE_PART == PART_SECTIONS)
         self._on_started(client)
         self._stopped = None
-        if self.graceful_stop is not None:
-            # Installed at on_train_start, after Lightning's own handlers; ours then call the
-            # handlers the program had before fit (the user's), not Lightning's (whose SIGTERM
-            # handling would end the run at the next batch, without a checkpoint).
-            self._stop = GracefulStop(self.graceful_stop)
-            self._stop.chain_to_current_handlers()
-        self._log.rank_zero_info(
+        # Installed at on_train_start, after Lightning's own handlers; ours then call the handlers
+        # the program had before fit (the user's), not Lightning's (whose SIGTERM handling would
+        # end the run at the next batch, without a checkpoint).
+        stop = session.arm_graceful_stop(self.graceful_stop)
+        if stop is not None:
+            stop.chain_to_current_handlers()
+        session.started(
             "%s set up: timeouts file %s (calculate_timeouts=%s, autoresume=%s, graceful stop %s)",
             name, path, self.calculate_timeouts, self.autoresume,
             "off" if self.graceful_stop is None else "on " + ", ".join(s.name for s in self.graceful_stop.signals),
         )
+
+    def _unhook(self) -> None:
+        """Undo what ``_start`` hooked into the Trainer (checkpoint saving, its logger)."""
+        hooks, self._ckpt_hooks, self._metrics = self._ckpt_hooks, None, None
+        if hooks is not None:
+            hooks.uninstall()
 
     # ------------------------------------------------------------------ graceful stop
 
@@ -312,8 +310,8 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
         """Log the cycle and the timeouts in force to the Trainer's logger (step restored by now);
         install the graceful stop's signal handlers (Lightning installed its own just before)."""
         self._log_metrics()
-        stop = self._stop
-        if stop is None or self._client is None:
+        stop = self._session.graceful_stop
+        if stop is None:
             return
         self._stop_checkpoint(trainer)  # a ConfigError now rather than at the stop
         if not stop.install():
@@ -338,7 +336,7 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
 
     def _graceful_stop_now(self, trainer: pl.Trainer) -> None:
         """Every rank agreed to stop after this step: save the checkpoint (all ranks) and leave ``fit``."""
-        stop = self._stop
+        stop = self._session.graceful_stop
         assert stop is not None
         path = self._stop_checkpoint(trainer)
         step = int(trainer.global_step)
@@ -352,7 +350,7 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
     # ------------------------------------------------------------------ checkpoint hooks
 
     def _on_checkpoint_start(self, kind: str) -> None:
-        client = self._client
+        client = self._session.client
         if client is None:
             return
         try:
@@ -361,7 +359,7 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
             self._log.exception("fault tolerance: checkpoint start not recorded")
 
     def _on_checkpoint_end(self, kind: str, ok: bool) -> None:
-        client = self._client
+        client = self._session.client
         if client is None:
             return
         try:
@@ -375,13 +373,12 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
         """Update timeouts (a collective) and, on rank 0, persist them if they changed."""
         if not self._update_timeouts(client, final):
             return
-        if self._collectives is not None:
-            self._save_timeouts(client, self._collectives.rank())
+        self._session.save_timeouts()
         self._log_metrics(save=final)
 
     def _log_metrics(self, save: bool = False) -> None:
         """Log what changed of the cycle and the timeouts in force; never raises."""
-        client, metrics = self._client, self._metrics
+        client, metrics = self._session.client, self._metrics
         if client is not None and metrics is not None:
             metrics.log(client, save=save)
 
@@ -393,12 +390,11 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
         exception: Optional[BaseException] = None,
     ) -> None:
         """Final report, timeouts, flag, disconnect; raises only if the flag cannot be written."""
-        client = self._client
+        client = self._session.client
         assert client is not None
         flag_error: Optional[OSError] = None
         try:
-            if self._fault is not None:
-                self._fault.cancel()
+            self._session.cancel_fault()
             self._final_progress(client, clean)
             if self.calculate_timeouts:
                 self._final_timeouts_update(client, exception)
@@ -422,12 +418,13 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
                                         self._flag_path, err)
                         flag_error = err
         finally:
-            self._stop_quietly()
+            self._session.close()
         if flag_error is not None and exception is None:
             raise flag_error
 
     def _final_timeouts_update(self, client: RankMonitorClient, exception: Optional[BaseException]) -> None:
-        world_size = self._collectives.world_size() if self._collectives is not None else 1
+        collectives = self._session.collectives
+        world_size = collectives.world_size() if collectives is not None else 1
         refusal = final_update_refusal(exception, world_size)
         if refusal is not None:
             self._log.rank_zero_info("timeouts not updated: %s", refusal)
@@ -436,20 +433,3 @@ class _FaultToleranceCallbackBase(Callback, FrontEnd):
             self._maybe_update_and_save_timeouts(client, final=True)
         except Exception:  # a completed run must still create its flag and disconnect
             self._log.exception("fault tolerance: final timeouts update failed")
-
-    def _stop_quietly(self) -> None:
-        """Restore signal handlers, cancel the fault, unhook checkpoints, disconnect. Never raises."""
-        stop, self._stop = self._stop, None
-        if stop is not None:
-            stop.uninstall()
-        self._set_step = None
-        if self._fault is not None:
-            self._fault.cancel()
-            self._fault = None
-        if self._ckpt_hooks is not None:
-            self._ckpt_hooks.uninstall()
-            self._ckpt_hooks = None
-        self._metrics = None
-        client, self._client = self._client, None
-        if client is not None:
-            self._disconnect(client)

@@ -16,8 +16,8 @@ import logging
 import os
 from typing import Union
 
-from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FT_CYCLE_ENV_VAR
 from ft_core.client.rank_monitor_client import RankMonitorClient
+from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FT_CYCLE_ENV_VAR
 from ptl_resiliency._lightning import pl
 
 Logger = Union[logging.Logger, logging.LoggerAdapter]

@@ -17,8 +17,8 @@ import os
 import time
 from typing import Any, Optional
 
-from ft_core.wire.atomic import atomic_write_text
 from ft_core.client.state_file import state_file_path
+from ft_core.wire.atomic import atomic_write_text
 from ptl_resiliency._lightning import EarlyStopping, Timer, pl
 
 DEFAULT_STATE_SUBDIR = "ft_state"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from ft_core.wire.config import ConfigError
 from ft_core.client.policy_actions import update_heartbeat_timeouts
 from ft_core.client.rank_monitor_client import RankMonitorClient
 from ft_core.client.sections_policy import (
@@ -14,6 +13,7 @@ from ft_core.client.sections_policy import (
 )
 from ft_core.client.simulated_fault import SimulatedFaultParams
 from ft_core.client.state_file import PART_HEARTBEATS
+from ft_core.wire.config import ConfigError
 from ptl_resiliency._base import GracefulStopOption, PathLike, _FaultToleranceCallbackBase
 from ptl_resiliency._checkpoint_hooks import KIND_SAVE
 from ptl_resiliency._lightning import pl
@@ -67,15 +67,10 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
 
     _STATE_PART = PART_HEARTBEATS
 
-    def __init__(
-        self,
-        autoresume: bool,
-        calculate_timeouts: bool,
-        simulated_fault_params: Optional[Union[SimulatedFaultParams, dict[str, Any]]] = None,
-        exp_dir: Optional[PathLike] = None,
-        logger_name: str = "ptl_resiliency.FaultToleranceCallback",
-        graceful_stop: GracefulStopOption = None,
-    ) -> None:
+    def __init__(self, autoresume: bool, calculate_timeouts: bool,
+                 simulated_fault_params: Optional[Union[SimulatedFaultParams, dict[str, Any]]] = None,
+                 exp_dir: Optional[PathLike] = None, logger_name: str = "ptl_resiliency.FaultToleranceCallback",
+                 graceful_stop: GracefulStopOption = None) -> None:
         super().__init__(autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name, graceful_stop)
 
     # ------------------------------------------------------------------ policy
@@ -93,7 +88,7 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
     # ------------------------------------------------------------------ heartbeats
 
     def _heartbeat(self) -> None:
-        client = self._client
+        client = self._session.client
         if client is not None:
             client.send_heartbeat()
 
@@ -102,7 +97,7 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
         timeouts in force logged)."""
         super().on_train_start(trainer, pl_module)
         self._heartbeat()
-        set_step = self._set_step
+        set_step = self._session.set_step
         if set_step is not None:
             set_step(trainer.global_step)
 
@@ -110,34 +105,28 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Heartbeat after every training batch; the graceful stop's check."""
-        client = self._client
+        session = self._session
+        client = session.client
         if client is not None:
             client.send_heartbeat()
             self._policy.train_iters += 1
             # The step that starts next (no on_train_batch_start hook here: it would cost a
             # Lightning hook call per step).
-            set_step = self._set_step
+            set_step = session.set_step
             if set_step is not None:
                 set_step(trainer.global_step)
-            stop = self._stop
-            if stop is not None and stop.step_ended(self._collectives):  # a collective at agreed steps
+            stop = session.graceful_stop
+            if stop is not None and stop.step_ended(session.collectives):  # a collective at agreed steps
                 self._graceful_stop_now(trainer)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Heartbeat before validation (its first batch may take a while to load)."""
         self._heartbeat()
 
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Heartbeat after every validation batch."""
-        client = self._client
+        client = self._session.client
         if client is not None:
             client.send_heartbeat()
 
@@ -160,4 +149,4 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
     # ------------------------------------------------------------------ timeouts
 
     def _update_timeouts(self, client: RankMonitorClient, final: bool) -> bool:
-        return update_heartbeat_timeouts(self._policy, client, self._collectives, self._log)  # collective
+        return update_heartbeat_timeouts(self._policy, client, self._session.collectives, self._log)  # collective

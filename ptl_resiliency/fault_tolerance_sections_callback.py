@@ -5,11 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
-from ft_core.wire.config import ConfigError
-from ft_core.wire.data import WorkloadControlRequest
-from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
-from ft_core.wire.errors import RankMonitorClientError
-from ft_core.client.policy_actions import apply_change, update_section_timeouts
+from ft_core.client.policy_actions import apply_change, training_step_ended, update_section_timeouts
 from ft_core.client.rank_monitor_client import RankMonitorClient
 from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
@@ -22,6 +18,10 @@ from ft_core.client.sections_policy import (
 )
 from ft_core.client.simulated_fault import SimulatedFaultParams
 from ft_core.client.state_file import PART_SECTIONS
+from ft_core.wire.config import ConfigError
+from ft_core.wire.data import WorkloadControlRequest
+from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
+from ft_core.wire.errors import RankMonitorClientError
 from ptl_resiliency._base import GracefulStopOption, PathLike, _FaultToleranceCallbackBase
 from ptl_resiliency._checkpoint_hooks import KIND_FINALIZE, KIND_SAVE, uses_async_checkpointing
 from ptl_resiliency._lightning import pl
@@ -129,64 +129,40 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
             self._log.info("asynchronous checkpoint IO: the checkpointing timeout is not calculated")
 
     # ------------------------------------------------------------------ steps
-    # The step hooks run every batch: the policy's answer is applied inline (no helper call).
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """Close ``setup`` at the first batch; open ``step`` after the warm-up batch."""
-        client = self._client
+        session = self._session
+        client = session.client
         if client is not None:
-            set_step = self._set_step
+            set_step = session.set_step
             if set_step is not None:
                 set_step(trainer.global_step)
-            end, start = self._policy.training_step_started()
-            if end is not None:
-                client.end_section(end)
-            if start is not None:
-                client.start_section(start)
+            apply_change(client, self._policy.training_step_started())
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """Close ``step``; the graceful stop's check."""
-        client = self._client
-        if client is not None:
-            end = self._policy.training_step_ended()
-            if end is not None:
-                client.end_section(end)
-            stop = self._stop
-            if stop is not None and stop.step_ended(self._collectives):  # a collective at agreed steps
-                self._graceful_stop_now(trainer)
+        """Close ``step``; the graceful stop's check (a collective at the agreed check steps)."""
+        session = self._session
+        client = session.client
+        if client is not None and training_step_ended(client, self._policy, session.graceful_stop,
+                                                      session.collectives):
+            self._graceful_stop_now(trainer)
 
-    def on_validation_batch_start(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                                  batch_idx: int, dataloader_idx: int = 0) -> None:
         """Close ``setup`` at the first batch; open ``step`` after the run's warm-up batch."""
-        client = self._client
+        client = self._session.client
         if client is not None:
-            end, start = self._policy.eval_step_started()
-            if end is not None:
-                client.end_section(end)
-            if start is not None:
-                client.start_section(start)
+            apply_change(client, self._policy.eval_step_started())
 
-    def on_validation_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Close ``step``."""
-        client = self._client
+        client = self._session.client
         if client is not None:
             end = self._policy.eval_step_ended()
             if end is not None:
@@ -194,7 +170,7 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Close a ``step`` left open by a batch that ended the epoch early (hook returned -1)."""
-        client = self._client
+        client = self._session.client
         if client is not None:
             end = self._policy.step_abandoned()
             if end is not None:
@@ -230,7 +206,7 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
             self._log.error("exc_handling_policy returned %r, not a WorkloadControlRequest or None; nothing sent",
                             request)
             return
-        client = self._client or RankMonitorClient()
+        client = self._session.client or RankMonitorClient()
         try:
             client.send_workload_control_request(request)
         except RankMonitorClientError as err:
@@ -242,4 +218,4 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
                           exception, request.action.name, request.description)
 
     def _update_timeouts(self, client: RankMonitorClient, final: bool) -> bool:
-        return update_section_timeouts(self._policy, client, self._collectives, self._log, final)  # collective
+        return update_section_timeouts(self._policy, client, self._session.collectives, self._log, final)  # collective

@@ -73,12 +73,11 @@ from collections.abc import Mapping
 from typing import Any, Optional, Union
 
 from ft_core.client.collectives import Collectives, default_collectives, rank_and_world_size
-from ft_core.wire.config_values import ConfigError
-from ft_core.client.front_end import FrontEnd, require_bool, require_path
+from ft_core.client.front_end import require_bool, require_path
 from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
-from ft_core.client.policy_actions import apply_change, update_section_timeouts
+from ft_core.client.policy_actions import apply_change, training_step_ended, update_section_timeouts
 from ft_core.client.rank_monitor_client import RankMonitorClient
-from ft_core.client.ranklog import RankLoggerAdapter, configure_rank_logging
+from ft_core.client.ranklog import RankLoggerAdapter
 from ft_core.client.run_errors import stop_job_for_setup_error
 from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
@@ -90,14 +89,15 @@ from ft_core.client.sections_policy import (
     SectionsPolicy,
     sections_config_error,
 )
-from ft_core.client.simulated_fault import SimulatedFault, SimulatedFaultParams, setup_simulated_fault
+from ft_core.client.session import FrontEndSession, session_attribute
+from ft_core.client.simulated_fault import SimulatedFault, SimulatedFaultParams
 from ft_core.client.state_file import (
     MAX_STATE_FILE_BYTES,
     PART_SECTIONS,
     STATE_FILE_NAME,
-    StateFile,
     state_file_path,
 )
+from ft_core.wire.config_values import ConfigError
 
 __all__ = [
     "MAX_STATE_FILE_BYTES", "MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE", "NUM_WARMUP_ITERS", "SECTIONS",
@@ -112,7 +112,7 @@ FaultParams = Union[SimulatedFaultParams, Mapping[str, Any]]
 GracefulStopOption = Union[None, bool, GracefulStopConfig, Mapping[str, Any]]
 
 
-class FaultToleranceIntegration(FrontEnd):
+class FaultToleranceIntegration:
     """The state of one training run's fault tolerance; see the module docstring.
 
     Args:
@@ -123,20 +123,20 @@ class FaultToleranceIntegration(FrontEnd):
     def __init__(self, logger_name: str = __name__, collectives: Optional[Collectives] = None) -> None:
         self._log = RankLoggerAdapter(logging.getLogger(logger_name))
         self._collectives = collectives if collectives is not None else default_collectives()
-        self._client: Optional[RankMonitorClient] = None
+        self._session = FrontEndSession(self._log, PART_SECTIONS)  # the connection, set up in order
         self._policy = SectionsPolicy(calculate_timeouts=False)
-        self._fault: Optional[SimulatedFault] = None
-        self._state_file: Optional[StateFile] = None
-        self._rank = 0
-        self._stop: Optional[GracefulStop] = None
-        self._set_step: Any = None  # client.set_step where the client has it (see on_training_step_start)
 
     # ------------------------------------------------------------------ public state
 
     @property
     def is_initialized(self) -> bool:
         """True between a successful :meth:`setup` and :meth:`shutdown`."""
-        return self._client is not None
+        return self._session.client is not None
+
+    client = session_attribute("client", "The rank monitor client while initialised (for inspection; do not shut "
+                               "it down), else None.")
+    state_file_path = session_attribute("state_file_path", "Where calculated timeouts are loaded from and saved "
+                                        "to (known once set up), else None.")
 
     @property
     def train_iters(self) -> int:
@@ -146,13 +146,13 @@ class FaultToleranceIntegration(FrontEnd):
     @property
     def graceful_stop(self) -> Optional[GracefulStop]:
         """The graceful stop of this run (``setup(graceful_stop=...)``), or None when off."""
-        return self._stop
+        return self._session.graceful_stop
 
     def should_stop(self) -> bool:
         """True once every rank agreed to stop (a graceful stop); the same answer on every rank
         after the same :meth:`on_training_step_end`. Then save a checkpoint, leave the training
         loop and call :meth:`shutdown`; the process should exit 0."""
-        stop = self._stop
+        stop = self._session.graceful_stop
         return stop is not None and stop.stop_step is not None
 
     # ------------------------------------------------------------------ life cycle
@@ -195,58 +195,48 @@ class FaultToleranceIntegration(FrontEnd):
                 is missing from ``rank_section_timeouts``, or, without ``calculate_timeouts``,
                 a section or the out-of-section timeout is infinite.
         """
-        if self._client is not None:
+        session = self._session
+        if session.is_open:
             raise RuntimeError("ft_core.client.integration.setup() was called twice; call shutdown() first")
         _check_setup_arguments(checkpoint_dir, calculate_timeouts, num_warmup_iters, state_file_name)
         stop_config = _graceful_stop_config(graceful_stop)
         assert checkpoint_dir is not None
-        # Until the monitor's log_level is known: INFO, on the console when nothing else is set up.
-        configure_rank_logging(None, "ft_core", self._log.logger.name)
-        collectives = self._collectives
         # Without a process group every process decides alone: its rank comes from the launcher.
-        self._rank, world_size, grouped = rank_and_world_size(collectives)
-        self._log.set_rank(self._rank)
-        self._policy = SectionsPolicy(calculate_timeouts, num_warmup_iters)
-        self._state_file = StateFile(state_file_path(checkpoint_dir, state_file_name), PART_SECTIONS, self._log)
-        if not grouped and world_size > 1:
-            self._log.warning(
-                "ft_core.client.integration.setup: WORLD_SIZE=%s but no torch.distributed process group is "
-                "initialised; calculated timeouts will differ between ranks (initialise the process "
-                "group before setup)", world_size,
-            )
-        client = RankMonitorClient()
-        if calculate_timeouts:
-            self._state_file.restore(client, collectives)  # collective
-        client.init_workload_monitoring()
+        rank, world_size, grouped = rank_and_world_size(self._collectives)
         try:
-            timeouts = client.section_timeouts
-            error = sections_config_error("ft_core.client.integration", timeouts.section, timeouts.out_of_section,
-                                          calculate_timeouts, initial_heartbeat=client.hb_timeouts.initial)
-            if error is not None:
-                raise error
-            apply_change(client, self._policy.setup_started())
+            with session.opening():
+                session.begin(rank, self._collectives)
+                self._policy = SectionsPolicy(calculate_timeouts, num_warmup_iters)
+                path = session.use_state_file(state_file_path(checkpoint_dir, state_file_name)).path
+                if not grouped and world_size > 1:
+                    self._log.warning(
+                        "ft_core.client.integration.setup: WORLD_SIZE=%s but no torch.distributed process group "
+                        "is initialised; calculated timeouts will differ between ranks (initialise the process "
+                        "group before setup)", world_size,
+                    )
+                client = session.connect(restore=calculate_timeouts)  # with restore: a collective
+                session.check_config(lambda c: sections_config_error(
+                    "ft_core.client.integration", c.section_timeouts.section, c.section_timeouts.out_of_section,
+                    calculate_timeouts, initial_heartbeat=c.hb_timeouts.initial))
+                apply_change(client, self._policy.setup_started())
+                stop_text = self._install_graceful_stop(session.arm_graceful_stop(stop_config))
+                session.started("ft_core.client.integration set up: timeouts file %s (calculate_timeouts=%s, "
+                                "warm-up iterations %s, graceful stop %s)", path, calculate_timeouts,
+                                num_warmup_iters, stop_text)
         except BaseException as err:
-            client.shutdown_workload_monitoring()
             stop_job_for_setup_error(err, self._log)  # a restart would fail the same way
             raise
-        self._client = client
-        self._set_step = getattr(client, "set_step", None)  # RankMonitorClient.set_step (an extension of the reference API)
-        configure_rank_logging(client.cfg.log_level if client.cfg is not None else None, self._log.logger.name)
-        self._remember_saved(client)
-        stop_text = "off"
-        if stop_config is not None:
-            self._stop = GracefulStop(stop_config)
-            if self._stop.install():
-                stop_text = f"on {', '.join(s.name for s in stop_config.signals)}"
-            else:
-                self._log.warning("graceful stop not installed: setup() was not called on the main thread, where "
-                                  "Python lets signal handlers be set; %s keep their previous handling",
-                                  ", ".join(s.name for s in stop_config.signals))
-                stop_text = "not installed (not on the main thread)"
-        self._log.rank_zero_info(
-            "ft_core.client.integration set up: timeouts file %s (calculate_timeouts=%s, warm-up iterations %s, "
-            "graceful stop %s)", self._state_file.path, calculate_timeouts, num_warmup_iters, stop_text,
-        )
+
+    def _install_graceful_stop(self, stop: Optional[GracefulStop]) -> str:
+        """Install the stop's signal handlers now; how the "set up" line describes the stop."""
+        if stop is None:
+            return "off"
+        names = ", ".join(s.name for s in stop.config.signals)
+        if stop.install():
+            return f"on {names}"
+        self._log.warning("graceful stop not installed: setup() was not called on the main thread, where "
+                          "Python lets signal handlers be set; %s keep their previous handling", names)
+        return "not installed (not on the main thread)"
 
     def shutdown(self, update_timeouts: bool = True) -> None:
         """Close open sections, update and save timeouts, and disconnect from the monitor.
@@ -259,12 +249,12 @@ class FaultToleranceIntegration(FrontEnd):
         Args:
             update_timeouts: Run the final timeouts update (when ``calculate_timeouts``).
         """
-        client = self._client
+        session = self._session
+        client, stop = session.client, session.graceful_stop
         if client is None:
             return
         try:
-            if self._fault is not None:
-                self._fault.cancel()
+            session.cancel_fault()
             for name in self._policy.run_ended():
                 client.end_section(name)
             if update_timeouts:
@@ -272,13 +262,7 @@ class FaultToleranceIntegration(FrontEnd):
         except Exception:  # shutdown promises never to raise: the run's own outcome comes first
             self._log.exception("fault tolerance: final timeouts update failed")
         finally:
-            self._fault = None
-            self._client = None
-            self._set_step = None
-            stop, self._stop = self._stop, None
-            if stop is not None:
-                stop.uninstall()
-            self._disconnect(client)
+            session.close()
         if stop is not None and stop.stop_step is not None:
             self._log.rank_zero_info("fault tolerance shut down after a graceful stop (%s) after training step %s of "
                                      "this run", stop.describe_stop(), stop.stop_step)
@@ -294,16 +278,13 @@ class FaultToleranceIntegration(FrontEnd):
             step: The step's number (e.g. the global iteration), published to the monitor so that
                 a hang report says which step froze; default: training steps so far in this run.
         """
-        client = self._client
+        session = self._session
+        client = session.client
         if client is not None:
-            set_step = self._set_step
+            set_step = session.set_step
             if set_step is not None:
                 set_step(self._policy.train_iters if step is None else step)
-            end, start = self._policy.training_step_started()
-            if end is not None:
-                client.end_section(end)
-            if start is not None:
-                client.start_section(start)
+            apply_change(client, self._policy.training_step_started())
 
     def on_training_step_end(self) -> None:
         """A training step ended: close ``step`` if it was opened.
@@ -311,31 +292,25 @@ class FaultToleranceIntegration(FrontEnd):
         With ``graceful_stop``, a collective at the check steps the ranks agreed on (about once
         per ``check_interval``); afterwards :meth:`should_stop` tells whether to stop now.
         """
-        client = self._client
-        if client is not None:
-            end = self._policy.training_step_ended()
-            if end is not None:
-                client.end_section(end)
-            stop = self._stop
-            if stop is not None and stop.stop_step is None and stop.step_ended(self._collectives):  # collective
-                self._log.rank_zero_info(
+        session = self._session
+        client = session.client
+        stop = session.graceful_stop
+        if client is not None and training_step_ended(client, self._policy, stop, self._collectives):  # collective
+            assert stop is not None
+            self._log.rank_zero_info(
                     "graceful stop: %s; every rank stops after training step %s of this run: save a checkpoint, "
                     "leave the loop and exit 0 (no finished flag; the next run resumes from the checkpoint)",
                     stop.describe_stop(), stop.stop_step)
 
     def on_eval_step_start(self) -> None:
         """An evaluation step begins: close ``setup``; open ``step`` after the warm-up steps."""
-        client = self._client
+        client = self._session.client
         if client is not None:
-            end, start = self._policy.eval_step_started()
-            if end is not None:
-                client.end_section(end)
-            if start is not None:
-                client.start_section(start)
+            apply_change(client, self._policy.eval_step_started())
 
     def on_eval_step_end(self) -> None:
         """An evaluation step ended: close ``step`` if it was opened."""
-        client = self._client
+        client = self._session.client
         if client is not None:
             end = self._policy.eval_step_ended()
             if end is not None:
@@ -348,7 +323,7 @@ class FaultToleranceIntegration(FrontEnd):
 
         Nested calls are counted; only the outermost pair opens and closes the section.
         """
-        client = self._client
+        client = self._session.client
         if client is not None:
             apply_change(client, self._policy.checkpointing_started())
 
@@ -362,7 +337,7 @@ class FaultToleranceIntegration(FrontEnd):
             is_async_finalization: True after finalising an asynchronous save (which may happen
                 before any training step and may have had nothing to do); False after a save.
         """
-        client = self._client
+        client = self._session.client
         if client is None:
             return
         end = self._policy.checkpointing_ended(is_async_finalization=is_async_finalization)
@@ -384,7 +359,7 @@ class FaultToleranceIntegration(FrontEnd):
             is_local_chkpt: True for a local (node-private, non-persistent) checkpoint, whose
                 load time says little about a load from persistent storage.
         """
-        if self._client is not None:
+        if self._session.client is not None:
             self._policy.checkpoint_loaded(persistent=not is_local_chkpt)
 
     # ------------------------------------------------------------------ simulated faults
@@ -410,15 +385,11 @@ class FaultToleranceIntegration(FrontEnd):
         """
         if params is None:
             return None
-        if self._client is None:
+        if self._session.client is None:
             self._log.warning("simulated fault not scheduled: fault tolerance is not initialised "
                               "(call setup() first)")
             return None
-        params = SimulatedFaultParams.from_value(params)
-        if self._fault is not None:
-            self._fault.cancel()
-        self._fault = setup_simulated_fault(params, collectives=self._collectives)  # collective
-        return self._fault
+        return self._session.arm_fault(SimulatedFaultParams.from_value(params))  # collective
 
     # ------------------------------------------------------------------ timeouts
 
@@ -432,7 +403,7 @@ class FaultToleranceIntegration(FrontEnd):
             return False
         if not update_section_timeouts(self._policy, client, self._collectives, self._log, final):  # collective
             return False
-        self._save_timeouts(client, self._rank)
+        self._session.save_timeouts()
         return True
 
 
@@ -491,14 +462,9 @@ def is_initialized() -> bool:
     return _default.is_initialized
 
 
-def setup(
-    checkpoint_dir: Optional[PathLike],
-    *,
-    calculate_timeouts: bool = False,
-    num_warmup_iters: int = NUM_WARMUP_ITERS,
-    state_file_name: str = STATE_FILE_NAME,
-    graceful_stop: GracefulStopOption = None,
-) -> None:
+def setup(checkpoint_dir: Optional[PathLike], *, calculate_timeouts: bool = False,
+          num_warmup_iters: int = NUM_WARMUP_ITERS, state_file_name: str = STATE_FILE_NAME,
+          graceful_stop: GracefulStopOption = None) -> None:
     """Initialise fault tolerance; see :meth:`FaultToleranceIntegration.setup`."""
     _default.setup(checkpoint_dir, calculate_timeouts=calculate_timeouts,
                    num_warmup_iters=num_warmup_iters, state_file_name=state_file_name, graceful_stop=graceful_stop)
