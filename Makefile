@@ -122,8 +122,10 @@ test-torch-oldest:
 	$(OLDEST_VENV)/bin/python -c 'import torch; print("torch", torch.__version__)'
 	$(OLDEST_VENV)/bin/python -m pytest -q -n $(PYTEST_WORKERS) $(OLDEST_TESTS) $(PYTEST_ARGS)
 
+# ruff over every Python tree (pyproject.toml: one line length, 120), and the shell scripts parse.
 lint: $(STAMP)
 	$(PY) -m ruff check ft_core launcher ptl_resiliency tests bench examples
+	bash -n scripts/autoresume.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
