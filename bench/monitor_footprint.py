@@ -140,7 +140,8 @@ def measure(tool: str, seconds: float, peer_python: str | None, log_path: str | 
     ours = [p for p in processes if p["role"] != "worker"]
     total = {key: sum(p[key] for p in ours) for key in ("rss_kb", "pss_kb", "uss_kb")}
     return {"tool": tool, "processes": processes, "monitor_cpu_s_per_min_at_10hz": cpu_per_min,
-            "window_s": round(t1 - t0, 2), "total_without_workers_kb": total, "launcher_exit_code": code, "processes_left_behind": leftovers,
+            "window_s": round(t1 - t0, 2), "total_without_workers_kb": total, "launcher_exit_code": code,
+            "processes_left_behind": leftovers,
             "roles": {role: len(entries) for role, entries in by_role.items()}}
 
 

@@ -13,9 +13,10 @@ Tools: ``ft_launcher`` (ours, warm restarts), ``ft_launcher_cold`` (ours, ``--no
 restarts clean here, and that ours uses by default), ``torchrun_default`` (torchrun as it comes:
 restarted gloo groups here often read the previous round's peer addresses, fail with "Connection
 refused" and need extra restarts, or hang until the run's time limit; not run unless asked for),
-and ``nvrx`` (NVRx 0.4.1's ``ft_launcher``, with the interpreter given by ``--peer-python``). Every launcher gets ``--monitor-interval 0.1`` (NVRx's
-default; torchrun's is 0.1 s too since torch 2.5) and spare restarts, so that a restarted group
-that fails to form is counted ("unplanned restarts") rather than ending the run.
+and ``nvrx`` (NVRx 0.4.1's ``ft_launcher``, with the interpreter given by ``--peer-python``). Every
+launcher gets ``--monitor-interval 0.1`` (NVRx's default; torchrun's is 0.1 s too since torch
+2.5) and spare restarts, so that a restarted group that fails to form is counted ("unplanned
+restarts") rather than ending the run.
 
 Run: ``python bench/restart_latency.py [--runs N] [--crashes N] [--tools ...] [--peer-python PY]``.
 """

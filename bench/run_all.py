@@ -209,7 +209,8 @@ def scenario_lightning(ctx: Context) -> dict:
         for impl in abba(ctx.impls, rep):
             # The empty Callback (Lightning's own cost) is the same in both venvs: measured once.
             # NVRx's hooks wait for a reply, hence fewer direct calls (the same figure, sooner).
-            callbacks, hook_calls = ("empty,heartbeats,sections", 20000) if impl == "ours" else ("heartbeats,sections", 2000)
+            callbacks, hook_calls = (("empty,heartbeats,sections", 20000) if impl == "ours"
+                                     else ("heartbeats,sections", 2000))
             per[impl].append(ctx.run_json("lightning", ctx.python[impl], "lightning_overhead.py",
                                           ["--pairs", str(ctx.setting("lightning_pairs")), "--hook-calls",
                                            str(hook_calls), "--callbacks", callbacks, "--impl", impl]))
@@ -364,8 +365,10 @@ def render(data: dict) -> str:
     add(f"| other load on the machine | CPUs {meta['busy_before'] * 100:.0f}% busy just before the run, "
         f"{meta['busy_after'] * 100:.0f}% just after (3 s samples, while no benchmark ran) |")
     add("")
-    add("How to reproduce: `make bench` (ours and torchrun; about 9 min on this 2-core machine kind, plus 16 min for the soak) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
-        "on first use, 1.5 min; 16 min plus the soak) regenerate this page; `make bench BENCH_ARGS='--only restart goodput'` runs some scenarios (keeping the others' sections), "
+    add("How to reproduce: `make bench` (ours and torchrun; about 9 min on this 2-core machine kind, "
+        "plus 16 min for the soak) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
+        "on first use, 1.5 min; 16 min plus the soak) regenerate this page; "
+        "`make bench BENCH_ARGS='--only restart goodput'` runs some scenarios (keeping the others' sections), "
         "`BENCH_ARGS=--quick` a short functional run. Each section lists the exact commands it ran: every "
         "script in `bench/` prints its figures on its own (as JSON with `--json`, as text without). Raw "
         "results and every process's output go to `bench/results/` (git-ignored).")
@@ -598,7 +601,8 @@ def render_footprint(result: dict, peer: bool) -> list[str]:
                 continue
             count = round(len(entries) / len(runs[tool]))
             cells = " | ".join(of([p[k] for p in entries], 1, 1 / 1000) for k in ("rss_kb", "pss_kb", "uss_kb"))
-            out.append(f"| {labels[tool]} | {role.replace('_', ' ')}{' (each)' if count > 1 else ''} | {count} | {cells} |")
+            each = " (each)" if count > 1 else ""
+            out.append(f"| {labels[tool]} | {role.replace('_', ' ')}{each} | {count} | {cells} |")
         ft = [sum(p["pss_kb"] for p in r["processes"] if p["role"] != "worker") for r in runs[tool]]
         node = [sum(p["pss_kb"] for p in r["processes"]) for r in runs[tool]]
         cpu = [c for r in runs[tool] for c in r["monitor_cpu_s_per_min_at_10hz"]]
@@ -628,7 +632,8 @@ def render_lightning(result: dict, peer: bool) -> list[str]:
            f"itself spends that much calling a callback's per-step hooks. {len(runs['ours'])} runs per tool, "
            "alternating.",
            "",
-           "| callback | tool | added wall µs/step | added CPU µs/step | own hook code µs/step (hot loop) | step without it, CPU µs |",
+           "| callback | tool | added wall µs/step | added CPU µs/step | own hook code µs/step (hot loop) "
+           "| step without it, CPU µs |",
            "| --- | --- | --- | --- | --- | --- |"]
     labels = {"empty": "empty `Callback`", "heartbeats": "`FaultToleranceCallback`",
               "sections": "`FaultToleranceSectionsCallback`"}
@@ -701,7 +706,8 @@ def render_goodput(result: dict, peer: bool) -> list[str]:
                    f"{fmt_range(f['wall_s'], 1, unit='s')} | {fmt_range(f['mttr_s'], 2, unit='s')} | "
                    f"{fmt_range(f['mttr_hang_s'], 2, unit='s')} | "
                    f"{fmt_range(f['to_process_started_hang_s'], 2, unit='s')} | "
-                   f"{fmt_range(f['mttr_kill_s'], 2, unit='s')} | {fmt_range(f['to_process_started_kill_s'], 2, unit='s')} | "
+                   f"{fmt_range(f['mttr_kill_s'], 2, unit='s')} | "
+                   f"{fmt_range(f['to_process_started_kill_s'], 2, unit='s')} | "
                    f"{f['faults_recovered']}/{f['faults_injected']} | {f['unplanned_restarts']} |")
     out += ["", "Where the time of a run goes (runs without faults, then with faults):", "",
             "| tool | faults | wall time | useful step time | autoresume.sh start → first step | last step → exit "
@@ -725,8 +731,10 @@ def render_goodput(result: dict, peer: bool) -> list[str]:
         o_runs, p_runs = tools["ours"]["runs"], tools["nvrx"]["runs"]
         out += ["", "| paired runs with faults | NVRx / ours |", "| --- | --- |",
                 f"| wall time | {ratio_cell([r['wall_s'] for r in p_runs], [r['wall_s'] for r in o_runs], 2)} |",
-                f"| goodput (ours / NVRx) | {ratio_cell([r['goodput'] for r in o_runs], [r['goodput'] for r in p_runs], 2)} |",
-                f"| mean time to recover | {ratio_cell([r['mttr_s'] for r in p_runs], [r['mttr_s'] for r in o_runs], 1)} |"]
+                f"| goodput (ours / NVRx) | "
+                f"{ratio_cell([r['goodput'] for r in o_runs], [r['goodput'] for r in p_runs], 2)} |",
+                f"| mean time to recover | "
+                f"{ratio_cell([r['mttr_s'] for r in p_runs], [r['mttr_s'] for r in o_runs], 1)} |"]
     out.append("")
     return out
 
@@ -742,7 +750,8 @@ def render_soak(result: dict, peer: bool) -> list[str]:
            f"A 2-rank training loop (`bench/soak_train.py`: `ft_core.client.integration`, gloo on CPU) under "
            f"`scripts/autoresume.sh --mode local` and `ft_launcher`, for {s['duration'] / 60:.0f} minutes of job time "
            f"with realistic jitter: step times of {s['step_time'] * 1000:.0f} ms median with a log-normal spread "
-           f"and a Pareto tail ({s['tail_p'] * 100:g} % of steps, up to 40x), pauses of 0.5-3 s ({s['pause_p'] * 100:g} % "
+           f"and a Pareto tail ({s['tail_p'] * 100:g} % of steps, up to 40x), "
+           f"pauses of 0.5-3 s ({s['pause_p'] * 100:g} % "
            f"of steps on each rank, in a step or between steps: the other rank waits in the next all-reduce), a slow "
            f"first step (2-6 s) in every run, an evaluation of {s['eval_steps']} steps every {s['eval_every']} steps, "
            f"a checkpoint of 0.2-3 s every {s['ckpt_every']} steps, and a resume in the middle (SIGUSR1 to "
@@ -756,15 +765,18 @@ def render_soak(result: dict, peer: bool) -> list[str]:
            "`min_calculated_*` defaults (section 60 s, out-of-section 120 s); *old* are 1 s (initial heartbeat 10 s), "
            "what the client applied before these config fields existed.",
            "",
-           "| minimums | job time | false kills | hangs caught | pauses (longest) | longest step | smallest calculated `step` timeout in force | resumed at step | finished |",
+           "| minimums | job time | false kills | hangs caught | pauses (longest) | longest step "
+           "| smallest calculated `step` timeout in force | resumed at step | finished |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name, run in runs.items():
         caught = sum(1 for h in run["hangs"] if h["detected"])
         smallest = run.get("smallest_step_timeout_s")
-        out.append(f"| {name} | {run['wall_s'] / 60:.1f} min | **{run['false_kills']}** | {caught}/{len(run['hangs'])} | "
+        out.append(f"| {name} | {run['wall_s'] / 60:.1f} min | **{run['false_kills']}** | "
+                   f"{caught}/{len(run['hangs'])} | "
                    f"{run['pauses']} ({run['longest_pause_s']:.1f} s) | {run.get('longest_step_s', 0.0):.1f} s | "
                    f"{'-' if smallest is None else f'{smallest:.2f} s'} | "
-                   f"{', '.join(str(x) for x in run['resumed_at_steps'][1:]) or '-'} | {'yes' if run['finished'] else 'no'} |")
+                   f"{', '.join(str(x) for x in run['resumed_at_steps'][1:]) or '-'} | "
+                   f"{'yes' if run['finished'] else 'no'} |")
     out += ["", "Injected hangs (default minimums):", "",
             "| hang | on rank | caught after | timeout that fired | named | ",
             "| --- | --- | --- | --- | --- |"]

@@ -14,11 +14,11 @@ batch but the first of the run and of each validation run, which warm up out of 
 ``checkpointing`` (every checkpoint save). Everything between them is out of section. The
 callback sends no heartbeats (the config turns the heartbeat timeouts off). Each checkpoint save
 recalculates, from the durations seen on all ranks (times the config's ``safety_factor``, at
-least the config's ``min_calculated_*`` minimums), the timeouts there is data for: ``checkpointing`` at once, ``step`` once 16 steps
-ran, and in a run that resumed from a checkpoint also ``setup`` and the out-of-section timeout;
-rank 0 saves them to ``RUN_DIR/ft_state/_ft_state.json``. The next run starts with the saved
-timeouts. Rank 0 creates the finished flag when
-``--max-steps`` is reached.
+least the config's ``min_calculated_*`` minimums), the timeouts there is data for:
+``checkpointing`` at once, ``step`` once 16 steps ran, and in a run that resumed from a
+checkpoint also ``setup`` and the out-of-section timeout; rank 0 saves them to
+``RUN_DIR/ft_state/_ft_state.json``. The next run starts with the saved timeouts. Rank 0 creates
+the finished flag when ``--max-steps`` is reached.
 
 Add ``--simulate-fault rank_hung`` to freeze the last rank ``--fault-delay`` seconds after setup,
 in the first cycle: the other rank waits for it inside its step, the ``step`` timeout expires,

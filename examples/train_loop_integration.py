@@ -99,7 +99,8 @@ def main() -> None:
             if rank == 0:
                 log.info("step %d: loss %.4f, checkpoint saved", step, loss.item())
             client = ft_integration.get_rank_monitor_client()
-            if fault_params is not None and client is not None and "step" in client.section_timeouts.calculated_sections:
+            if (fault_params is not None and client is not None
+                    and "step" in client.section_timeouts.calculated_sections):
                 # Armed once the step timeout is calculated (the same on all ranks, so all call it).
                 ft_integration.maybe_setup_simulated_fault(fault_params)
                 fault_params = None

@@ -104,7 +104,8 @@ class MonitorPool:
                     )
             for local_rank, process in spawned.items():
                 process.wait_ready(RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT)
-                self._slots[local_rank] = _Slot(local_rank, process.socket_path, process, MonitorLink(process.socket_path))
+                self._slots[local_rank] = _Slot(local_rank, process.socket_path, process,
+                                                MonitorLink(process.socket_path))
         except BaseException:
             for process in spawned.values():
                 process.kill()

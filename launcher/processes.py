@@ -182,7 +182,8 @@ class WorkerProcesses:
         delivered = []
         with self._lock:
             for worker in self._workers.values():
-                if worker.state == STARTING and self._queued.get(worker.local_rank) and now - worker.started_at >= after:
+                if (worker.state == STARTING and self._queued.get(worker.local_rank)
+                        and now - worker.started_at >= after):
                     worker.state = READY
                     delivered.append((worker.worker_pid, self._deliver_queued(worker)))
         return delivered

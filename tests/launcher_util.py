@@ -34,7 +34,8 @@ def start_launcher(args: list[str], env: dict[str, str] | None = None, **popen_k
     )
 
 
-def run_launcher(args: list[str], timeout: float = 90, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_launcher(args: list[str], timeout: float = 90,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run ``ft_launcher ARGS`` to completion (bounded by ``timeout``)."""
     proc = start_launcher(args, env)
     try:

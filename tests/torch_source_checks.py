@@ -2,10 +2,10 @@
 
 ``FaultTolerantAgent`` overrides private ``LocalElasticAgent`` hooks and touches a few private
 attributes, and ``launcher/launch.py`` rebuilds torch's ``launch_agent`` (which hard-codes
-``LocalElasticAgent``) from torch's own building blocks (``launcher/launch_config.py``). These checks read torch's Python
-sources with :mod:`ast` only (nothing is imported), so they run against any release's sources:
-the installed torch (``tests/unit/test_torch_hooks.py``) and every supported release
-(``make check-torch-versions``, :mod:`tests.torch_versions`).
+``LocalElasticAgent``) from torch's own building blocks (``launcher/launch_config.py``). These checks
+read torch's Python sources with :mod:`ast` only (nothing is imported), so they run against any
+release's sources: the installed torch (``tests/unit/test_torch_hooks.py``) and every supported
+release (``make check-torch-versions``, :mod:`tests.torch_versions`).
 
 :func:`run_checks` returns a list of problems, each naming what changed and where we depend on
 it; an empty list means this torch is compatible with the launcher's hooks.
@@ -334,7 +334,8 @@ def check_private_attributes(src: TorchSource) -> Iterator[str]:
 
 
 def check_data_we_read(src: TorchSource) -> Iterator[str]:
-    group = self_attributes_assigned(src.cls(AGENT_API, "WorkerGroup")) | set(_methods(src.cls(AGENT_API, "WorkerGroup")))
+    worker_group = src.cls(AGENT_API, "WorkerGroup")
+    group = self_attributes_assigned(worker_group) | set(_methods(worker_group))
     for name in ("workers", "group_rank", "group_world_size", "spec", "store"):
         if name not in group:
             yield f"torch's WorkerGroup has no {name!r} any more"
@@ -384,7 +385,8 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
     config_tree = _our_tree("launcher/launch_config.py")
     ours = calls_in(_our_tree("launcher/launch.py")) | calls_in(config_tree)
     if "WorkerSpec" in theirs:
-        kwargs_func = next(n for n in config_tree.body if isinstance(n, ast.FunctionDef) and n.name == "worker_spec_kwargs")
+        kwargs_func = next(n for n in config_tree.body
+                           if isinstance(n, ast.FunctionDef) and n.name == "worker_spec_kwargs")
         our_fields = {ast.literal_eval(k) for n in ast.walk(kwargs_func) if isinstance(n, ast.Dict)
                       for k in n.keys if k is not None}
         their_fields = keywords(theirs["WorkerSpec"])
@@ -402,7 +404,8 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
         init = params(_methods(src.cls(LOCAL_AGENT, "LocalElasticAgent"))["__init__"])
         if not (agent_args | set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT)) <= set(init):
             yield f"LocalElasticAgent.__init__ takes {init}"
-    if "RendezvousParameters" in theirs and keywords(theirs["RendezvousParameters"]) != keywords(ours["RendezvousParameters"]):
+    if ("RendezvousParameters" in theirs
+            and keywords(theirs["RendezvousParameters"]) != keywords(ours["RendezvousParameters"])):
         yield "launch_agent builds RendezvousParameters with other arguments than launcher.launch_config"
     rdzv = _methods(src.cls("torch.distributed.elastic.rendezvous.api", "RendezvousParameters"))["__init__"]
     names = set(params(rdzv)) | ({rdzv.args.kwarg.arg} if rdzv.args.kwarg else set())

@@ -54,9 +54,10 @@ def parse_training_args(doc: str, *, max_steps: int, simulate_help: str,
                         calc_timeouts_after: bool = False, evaluation: bool = False) -> argparse.Namespace:
     """Parse the command line of a plain PyTorch example.
 
-    An option out of range ends the program with a usage error that names it. Every example has ``--run-dir``, ``--max-steps``, ``--checkpoint-every``, the sleeps
-    (``--step-time``, ``--data-time``, ``--save-time``) and the simulated fault
-    (``--simulate-fault``, ``--fault-rank``, ``--fault-delay``).
+    An option out of range ends the program with a usage error that names it. Every example has
+    ``--run-dir``, ``--max-steps``, ``--checkpoint-every``, the sleeps (``--step-time``,
+    ``--data-time``, ``--save-time``) and the simulated fault (``--simulate-fault``,
+    ``--fault-rank``, ``--fault-delay``).
 
     Args:
         doc: The example's module docstring; its first paragraph becomes the description.

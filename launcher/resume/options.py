@@ -282,7 +282,10 @@ def inspect_slurm_job(opts: Options, env: Mapping[str, str]) -> SlurmJob:
         raise Fatal(f"scontrol failed: {err}") from None
     match = re.search(r"(?:^|\s)NodeAddr=(\S+)", node_info)
     rdzv_host = match.group(1) if match else hosts[0]
-    port = int(opts.rdzv_port) if opts.rdzv_port else pick_rdzv_port(int(job_id) if job_id.isdigit() else 0, hosts[0], env)
+    if opts.rdzv_port:
+        port = int(opts.rdzv_port)
+    else:
+        port = pick_rdzv_port(int(job_id) if job_id.isdigit() else 0, hosts[0], env)
     nnodes = env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or "1"
     return SlurmJob(job_id, job_ref, hosts, rdzv_host, port, int(nnodes))
 

@@ -1,10 +1,11 @@
 """The warm template: a per-node process that imported torch once and forks workers on request.
 
 Most of a restart is a new worker's interpreter start and ``import torch`` (seconds on a CPU
-machine, tens of seconds on a GPU cluster). The launcher starts this template once a cycle's workers are
-up (see :class:`launcher.warm.coordinator.WarmCoordinator`); it imports the heavy modules (never initialising CUDA or a process group), listens on a Unix socket
-in the launcher's private run directory, and for each request from a :mod:`launcher.warm.trampoline`
-forks a worker that looks like a freshly started ``python [-u] script.py ARGS`` (or ``-m mod``):
+machine, tens of seconds on a GPU cluster). The launcher starts this template once a cycle's
+workers are up (see :class:`launcher.warm.coordinator.WarmCoordinator`); it imports the heavy
+modules (never initialising CUDA or a process group), listens on a Unix socket in the launcher's
+private run directory, and for each request from a :mod:`launcher.warm.trampoline` forks a worker
+that looks like a freshly started ``python [-u] script.py ARGS`` (or ``-m mod``):
 
 - its own session and process group (like torchrun's workers), SIGKILLed if the template dies;
 - the trampoline's environment, working directory, argv, and stdin/stdout/stderr (passed over

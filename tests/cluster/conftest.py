@@ -35,7 +35,8 @@ JOB_SCRIPT = Path(__file__).resolve().parent / "ft_job.sbatch"
 AUTORESUME = REPO_ROOT / "scripts" / "autoresume.sh"
 TRAIN = Path(__file__).resolve().parent / "train.py"
 CLUSTER_DIR = Path(os.environ.get("SLURM_CLUSTER_DIR", "/tmp/slurm-cluster"))
-TOOLS = Path(os.environ.get("SLURM_CLUSTER_TOOLS", Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "slurm-cluster"))
+TOOLS = Path(os.environ.get("SLURM_CLUSTER_TOOLS",
+                           Path(__file__).resolve().parents[2].parent / "shared" / "tools" / "slurm-cluster"))
 PROBE_TIMEOUT_S = 15
 # Settings every scenario shares: a 3 s heartbeat timeout once the first heartbeat came (the
 # figure of the earlier multi-node measurements), a generous initial one (starting 3 workers on 2 cores).
@@ -131,7 +132,8 @@ class ClusterRun:
         args = f"{FT_ARGS} --nproc-per-node 1 --ft-event-log {self.run_dir}/events/{{node}}.jsonl {launcher_args}"
         out = subprocess.run(
             ["sbatch", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=1", *sbatch_args, "--requeue",
-             *(["--no-kill"] if job_no_kill else []), f"--output={self.run_dir}/slurm-%j.out", "--open-mode=append", f"--chdir={REPO_ROOT}",
+             *(["--no-kill"] if job_no_kill else []), f"--output={self.run_dir}/slurm-%j.out", "--open-mode=append",
+             f"--chdir={REPO_ROOT}",
              str(AUTORESUME), "--launcher", str(launcher), "--run-dir", str(self.run_dir / "autoresume"),
              "--srun-args", "--no-kill", "--launcher-args", args, *script_args,
              "--", str(TRAIN), "--run-dir", str(self.run_dir), *train_args.split()],

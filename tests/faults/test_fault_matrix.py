@@ -427,7 +427,8 @@ CASES = [
          exit_code=0, outcome="signal SIGTERM", cycles=0,  # no worker ran: none failed
          drive=sigterm_in_rendezvous, check=check_rendezvous_sigterm),
     # --- restarts
-    Case("restarts-exhausted", ("0:0:hang_in_step", "1:1:exit1", "2:1:exit1"), SECTIONS + ("--max-restarts", "2"), ("--sections",),
+    Case("restarts-exhausted", ("0:0:hang_in_step", "1:1:exit1", "2:1:exit1"), SECTIONS + ("--max-restarts", "2"),
+         ("--sections",),
          exit_code=1, outcome="failed", cycles=3, check=check_exhausted, roots=(
              hang(0, 0, "section", "step", id="hang-in-section-step", check=step_timeout),
              Root(1, 1, "exit", "exit code 1"),
@@ -435,7 +436,8 @@ CASES = [
     Case("failure-during-the-restart", ("0:0:raise", "1:1:import_error"), ("--max-restarts", "2"), cycles=3,
          roots=(Root(0, 0, "exit", "exit code 1"), Root(1, 1, "exit", "exit code 1", check=cause_is_in_stderr))),
     # --- workload control still works after a (warm) restart
-    Case("workload-control-after-a-warm-restart", ("0:1:exit1_once_warm", "1:0:shutdown_workload"), ("--max-restarts", "3"),
+    Case("workload-control-after-a-warm-restart", ("0:1:exit1_once_warm", "1:0:shutdown_workload"),
+         ("--max-restarts", "3"),
          exit_code=64, outcome="shutdown_requested", cycles=2, roots=None, check=check_warm_control_request),
     # --- two launchers on 127.0.0.1 acting as two nodes (a hosts the rendezvous store)
     Case("two-nodes-one-sigkilled", (), ("--max-restarts", "1", "--warm-preload="),
@@ -479,7 +481,8 @@ CASES += [
                 check=sc.check_term_timeout, order="workers-first"),
     signal_case("launcher-only-usr1-usr2-term-warm", "launcher", (SIG.SIGUSR1, SIG.SIGUSR2), SIG.SIGTERM),
     signal_case("launcher-only-usr1-usr2-term-cold", "launcher", (SIG.SIGUSR1, SIG.SIGUSR2), SIG.SIGTERM, NO_WARM),
-    Case("signal-during-a-warm-restart-is-queued", (), ("--term-timeout", "10"), ("--crash-ranks", "1", "--stop-delay", "1"),
+    Case("signal-during-a-warm-restart-is-queued", (), ("--term-timeout", "10"),
+         ("--crash-ranks", "1", "--stop-delay", "1"),
          cycles=2, roots=None, outcome="signal SIGTERM", drive=sc.signal_during_restart, check=sc.check_queued,
          script=sc.SIGNAL_WORKER, extra={"delivery": "launcher"}),
     Case("job-wide-signal-during-a-cold-restart-is-queued", (), ("--term-timeout", "10", *NO_WARM),

@@ -327,12 +327,14 @@ def test_run_dir_in_use_is_refused(local_run: LocalRun) -> None:
      "--max-attempts (AUTORESUME_MAX_ATTEMPTS) must be a whole number <= 1000000 (0 = no limit), got '-1'"),
     # bash arithmetic wraps past 2^63: such a value used to be taken (and silently become negative)
     (["--max-attempts", "99999999999999999999", "train.py"],
-     "--max-attempts (AUTORESUME_MAX_ATTEMPTS) must be a whole number <= 1000000 (0 = no limit), got '99999999999999999999'"),
+     "--max-attempts (AUTORESUME_MAX_ATTEMPTS) must be a whole number <= 1000000 (0 = no limit), "
+     "got '99999999999999999999'"),
     (["--max-failures", "1000001", "train.py"],
      "--max-failures (AUTORESUME_MAX_FAILURES) must be a whole number >= 1 and <= 1000000, got '1000001'"),
     (["--mode", "cloud", "train.py"], "--mode (AUTORESUME_MODE) must be auto, slurm or local, got 'cloud'"),
     (["--mode", "slurm", "train.py"], "--mode slurm needs to run inside an sbatch job"),
-    (["--launcher", "/nonexistent/ft_launcher", "train.py"], "ft_launcher not found: --launcher (FT_LAUNCHER) is '/nonexistent/ft_launcher'"),
+    (["--launcher", "/nonexistent/ft_launcher", "train.py"],
+     "ft_launcher not found: --launcher (FT_LAUNCHER) is '/nonexistent/ft_launcher'"),
     (["--frobnicate", "train.py"], "unknown option '--frobnicate'"),
     (["--run-dir"], "option --run-dir needs a value"),
     ([], "no training command given"),

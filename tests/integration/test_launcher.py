@@ -118,7 +118,8 @@ def test_control_socket_refuses_processes_that_are_not_workers(tmp_path):
             "import sys\n"
             "from ft_core import RankMonitorClient, WorkloadControlRequest, WorkloadAction, RankMonitorClientError\n"
             "try:\n"
-            "    RankMonitorClient().send_workload_control_request(WorkloadControlRequest(WorkloadAction.ShutdownWorkload, 'x'))\n"
+            "    RankMonitorClient().send_workload_control_request(\n"
+            "        WorkloadControlRequest(WorkloadAction.ShutdownWorkload, 'x'))\n"
             "except RankMonitorClientError as err:\n"
             "    print(err)\n"
         )

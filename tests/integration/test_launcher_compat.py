@@ -31,7 +31,8 @@ def test_an_empty_config_file_with_options_and_harmless_reference_options_runs(t
                            "--ft-event-log", str(events), WORKER, "--dir", str(tmp_path), "--steps", "3"])
     assert result.returncode == 0, result.stderr
     [start] = events_of(read_events(events), "launcher_start")
-    assert start["config"]["rank_heartbeat_timeout"] == 7.0 and start["config"]["initial_rank_heartbeat_timeout"] == 30.0
+    assert start["config"]["rank_heartbeat_timeout"] == 7.0
+    assert start["config"]["initial_rank_heartbeat_timeout"] == 30.0
     lines = result.stderr.splitlines()
     assert len([line for line in lines if "ignoring --ft-enable-nic-monitor='false'" in line]) == 1, result.stderr
     assert len([line for line in lines if "ignoring --ft-node-health-check-interval='5'" in line]) == 1

@@ -16,10 +16,9 @@ import time
 import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorServer
-
+from ft_core.monitor.link import MonitorLink
 from ft_core.wire import protocol
 from ft_core.wire.config import Role
-from ft_core.monitor.link import MonitorLink
 from tests.monitor_events import received, wait_event
 from tests.other_user import as_nobody
 
@@ -380,7 +379,8 @@ def test_a_worker_reported_just_before_the_launcher_died_is_stopped(run_dir):
     try:
         for attempt in range(10):
             launcher = subprocess.Popen(
-                [sys.executable, "-c", _LAUNCHER_DYING_RIGHT_AFTER_REPORTING, os.path.join(run_dir, f"m{attempt}.sock")],
+                [sys.executable, "-c", _LAUNCHER_DYING_RIGHT_AFTER_REPORTING,
+                 os.path.join(run_dir, f"m{attempt}.sock")],
                 stdout=subprocess.PIPE, text=True, start_new_session=True)
             with launcher:
                 pids = json.loads(launcher.stdout.readline())
@@ -425,7 +425,8 @@ def test_monitor_never_imports_torch(monitored, tmp_path, monkeypatch):
 
 
 def test_importing_ft_core_does_not_import_torch():
-    code = ("import sys, ft_core, ft_core.client.rank_monitor_client, ft_core.monitor.server, ft_core.client.integration, "
+    code = ("import sys, ft_core, ft_core.client.rank_monitor_client, ft_core.monitor.server, "
+            "ft_core.client.integration, "
             "ft_core.client.simulated_fault, ft_core.monitor.cli, ft_core.monitor.process, ft_core.monitor.deadlines; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
@@ -554,7 +555,8 @@ def test_a_rank_opening_a_section_before_any_heartbeat_is_warned_once(monitored,
     lines = [line for line in rank.stderr().splitlines() if "sections are not heartbeats" in line]
     if warned:
         assert len(lines) == 1, lines
-        assert "start_section('step') before any heartbeat" in lines[0] and "stop it 60 s after it connected" in lines[0]
+        assert "start_section('step') before any heartbeat" in lines[0]
+        assert "stop it 60 s after it connected" in lines[0]
         assert "--ft-param-initial_rank_heartbeat_timeout=null" in lines[0]
     else:
         assert not lines

@@ -69,7 +69,8 @@ def test_a_config_error_in_the_loop_integration_stops_the_job(tmp_path):
     assert len(events_of(records, "cycle_start")) == 1
     requests = events_of(records, "control_request")
     assert requests and all(r["action"] == "ShutdownWorkload" for r in requests)
-    assert requests[0]["description"].startswith("ConfigError: ft_core.client.integration: "), requests[0]["description"]
+    description = requests[0]["description"]
+    assert description.startswith("ConfigError: ft_core.client.integration: "), description
 
 
 def test_autoresume_stops_after_one_attempt_on_a_missing_script(tmp_path):
@@ -93,8 +94,8 @@ def test_autoresume_stops_after_one_attempt_on_a_missing_script(tmp_path):
 def test_the_setup_error_helpers_never_raise_without_a_launcher(monkeypatch):
     import logging
 
-    from ft_core.wire.config import ConfigError
     from ft_core.client.run_errors import record_error_for_launcher, stop_job_for_setup_error
+    from ft_core.wire.config import ConfigError
 
     monkeypatch.delenv("FT_LAUNCHER_IPC_SOCKET", raising=False)
     monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)

@@ -58,7 +58,8 @@ def _cluster() -> tuple[dict[str, str] | None, str]:
     lines = (ping.stdout + ping.stderr).strip().splitlines()
     answer = lines[-1] if lines else ""
     if ping.returncode != 0 or " is UP" not in ping.stdout:
-        return None, f"no SLURM controller is running (scontrol ping: {answer or ping.returncode}); make test-slurm starts one"
+        return None, (f"no SLURM controller is running (scontrol ping: {answer or ping.returncode}); "
+                      "make test-slurm starts one")
     states = nodes.stdout.split()
     if not any(state.startswith(("idle", "mix", "alloc")) for state in states):
         return None, f"SLURM has no usable node (sinfo states: {states or nodes.stderr.strip()})"

@@ -60,8 +60,8 @@ def test_walltime_warning_stops_restarted_workers_gracefully_and_the_requeued_jo
     def done():
         job = slurm_run.job(job_id)
         history = slurm_run.run_dir / "history.tsv"
-        if job.state in TERMINAL_STATES and (not history.exists()
-                                             or not read_history(slurm_run.run_dir)[-1].decision.startswith("continue")):
+        if job.state in TERMINAL_STATES and (
+                not history.exists() or not read_history(slurm_run.run_dir)[-1].decision.startswith("continue")):
             return job
         return None
 

@@ -65,7 +65,8 @@ def test_scancel_signals_reach_each_warm_worker_once_and_spare_every_helper(slur
         until(lambda sig=sig: all(f"SIG{sig}" in handled(work, 1, r) for r in (0, 1)), f"SIG{sig} in both workers")
     helpers = {"sentinel": events(event_log, "launcher_start")[0]["sentinel_pid"],
                "warm template": events(event_log, "warm_template_started")[0]["pid"],
-               **{f"monitor {i}": pid for i, pid in enumerate(events(event_log, "monitors_started")[0]["monitor_pids"])},
+               **{f"monitor {i}": pid
+                  for i, pid in enumerate(events(event_log, "monitors_started")[0]["monitor_pids"])},
                **{f"stand-in {r}": pid for r, pid in events(event_log, "cycle_start")[1]["stand_in_pids"].items()}}
     survived = {name: alive(pid) for name, pid in helpers.items()}
     slurm_run.slurm("scancel", "--signal=TERM", job_id)

@@ -147,11 +147,13 @@ def test_a_value_that_asks_for_a_feature_we_lack_is_an_error_naming_the_option(f
     with pytest.raises(ConfigError) as err:
         LauncherOptions.from_args(parse(flag, value), environ={})
     text = str(err.value)
-    preferred = "--ft-" + flag.removeprefix("--ft_param_").removeprefix("--ft-param-").removeprefix("--ft-").replace("_", "-")
+    bare = flag.removeprefix("--ft_param_").removeprefix("--ft-param-").removeprefix("--ft-")
+    preferred = "--ft-" + bare.replace("_", "-")
     assert text.startswith(f"{preferred}={value!r} asks for") and feature in text and "does not have" in text
 
 
-@pytest.mark.parametrize("flag, value", [("--ft-enable-nic-monitor", "maybe"), ("--ft-node-health-check-interval", "soon"),
+@pytest.mark.parametrize("flag, value", [("--ft-enable-nic-monitor", "maybe"),
+                                         ("--ft-node-health-check-interval", "soon"),
                                          ("--ft-segment", "two"), ("--ft-rdzv-impl", "fast")])
 def test_an_invalid_value_is_an_error_too(flag, value):
     with pytest.raises(ConfigError, match=repr(value)):

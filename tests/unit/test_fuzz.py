@@ -15,11 +15,11 @@ import struct
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ft_core.client.rank_monitor_client import RankMonitorClient
 from ft_core.wire import protocol
 from ft_core.wire.config import ConfigError, FaultToleranceConfig, parse_cli_value
 from ft_core.wire.data import HeartbeatTimeouts, SectionTimeouts, WorkloadAction, WorkloadControlRequest
 from ft_core.wire.errors import ProtocolError, RankMonitorClientError
-from ft_core.client.rank_monitor_client import RankMonitorClient
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -178,7 +178,8 @@ valid_states = st.builds(
     lambda hb, sections, oos, calculated: {
         "version": 1,
         "hb_timeouts": HeartbeatTimeouts(hb[0], hb[1], True).to_dict(),
-        "section_timeouts": SectionTimeouts(sections, oos, sorted(calculated & set(sections)), oos is not None).to_dict(),
+        "section_timeouts": SectionTimeouts(sections, oos, sorted(calculated & set(sections)),
+                                            oos is not None).to_dict(),
     },
     st.tuples(timeouts, timeouts),
     st.dictionaries(st.sampled_from(["setup", "step", "checkpointing"]), timeouts),

@@ -49,7 +49,8 @@ def test_calculated_heartbeat_timeouts_are_bounded_then_merged(client):
 
 
 def test_loaded_calculated_timeouts_are_averaged_with_new_ones(client):
-    client.load_state_dict({"version": 1, "hb_timeouts": {"initial": 60.0, "subsequent": 30.0, "were_calculated": True}})
+    client.load_state_dict({"version": 1,
+                            "hb_timeouts": {"initial": 60.0, "subsequent": 30.0, "were_calculated": True}})
     client.send_heartbeat()
     client.send_heartbeat()
     assert client.calculate_and_set_hb_timeouts()

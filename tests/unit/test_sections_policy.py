@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from ft_core.client import sections_policy
-from ft_core.wire.config import ConfigError
 from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_HB_TIMEOUTS,
     MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
@@ -25,6 +24,7 @@ from ft_core.client.sections_policy import (
     is_clean_exit,
     sections_config_error,
 )
+from ft_core.wire.config import ConfigError
 
 N = MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
 
@@ -209,7 +209,9 @@ HEARTBEATS_CASES = [
     pytest.param(5, True, True, True, None, id="loaded-and-saved"),
     pytest.param(MIN_ITERS_FOR_HB_TIMEOUTS - 1, True, True, True, "too little data (1 training iterations",
                  id="one-iteration"),
-    pytest.param(5, False, True, True, "both load and save a checkpoint so that the intervals include them (this run: loaded=False, saved=True)",
+    pytest.param(5, False, True, True,
+                 "both load and save a checkpoint so that the intervals include them "
+                 "(this run: loaded=False, saved=True)",
                  id="not-loaded"),
     pytest.param(5, True, False, True, "loaded=True, saved=False", id="not-saved"),
     pytest.param(5, True, True, False, "calculate_timeouts is off", id="not-calculating"),

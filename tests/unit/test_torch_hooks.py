@@ -332,7 +332,8 @@ def test_static_checks_find_a_changed_hook(tmp_path):
     agent = tmp_path / "torch" / "distributed" / "elastic" / "agent" / "server" / "local_elastic_agent.py"
     text = agent.read_text()
     assert "def _setup_local_watchdog(self, envs" in text
-    agent.write_text(text.replace("def _setup_local_watchdog(self, envs", "def _setup_local_watchdog(self, worker_envs"))
+    agent.write_text(text.replace("def _setup_local_watchdog(self, envs",
+                                  "def _setup_local_watchdog(self, worker_envs"))
     problems = run_checks(tmp_path)
     assert len(problems) == 1 and "_setup_local_watchdog" in problems[0], problems
 

@@ -11,7 +11,8 @@ import pytest
 
 from ft_core.wire import env, osutil, protocol
 from ft_core.wire.errors import ProtocolError
-from launcher.warm import coordinator as warm, trampoline, zygote
+from launcher.warm import coordinator as warm
+from launcher.warm import trampoline, zygote
 
 
 def test_the_trampolines_copies_equal_ft_cores():
@@ -29,7 +30,8 @@ def test_the_trampolines_title_code_does_what_ft_cores_does(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys; sys.path.insert(0, {root!r}); from launcher.warm import trampoline; from ft_core.wire import osutil; "
+    code = ("import sys; sys.path.insert(0, {root!r}); from launcher.warm import trampoline; "
+            "from ft_core.wire import osutil; "
             "f = trampoline._set_title if sys.argv[1] == 't' else osutil.set_process_title; f('new title x'); "
             "print(open('/proc/self/cmdline', 'rb').read())")
     root = os.path.dirname(os.path.dirname(trampoline.__file__))

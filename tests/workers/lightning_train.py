@@ -311,7 +311,8 @@ def run(cfg: dict[str, Any]) -> Trainer:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s [worker pid {os.getpid()}] %(name)s %(levelname)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format=f"%(asctime)s [worker pid {os.getpid()}] %(name)s %(levelname)s: %(message)s")
     run(json.loads(sys.argv[1]))
     if torch.distributed.is_initialized():
         # A gloo group still alive at interpreter exit can abort the process (SIGABRT).
