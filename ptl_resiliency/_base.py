@@ -232,7 +232,9 @@ class _FaultToleranceCallbackBase(Callback):
         except Exception:  # our bookkeeping must never replace the user's exception
             self._log.exception("fault tolerance: cleanup after %r failed", exception)
 
-    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         """Remember that this run resumed from a checkpoint (its intervals include the load)."""
         if self._session.client is not None:
             self._policy.checkpoint_loaded()

@@ -52,7 +52,8 @@ the next run (a restart or a resumed job) loads it when present, so calculated t
 configured ones from the start. Without it the configured timeouts are used as they are.
 
 Collectives (:mod:`ft_core.client.collectives`, ``torch.distributed`` by default): when a process group
-exists, ``setup`` (with ``calculate_timeouts``: rank 0 reads the state file and broadcasts it), ``maybe_setup_simulated_fault`` (the plan is broadcast), and, when
+exists, ``setup`` (with ``calculate_timeouts``: rank 0 reads the state file and broadcasts it),
+``maybe_setup_simulated_fault`` (the plan is broadcast), and, when
 calculating timeouts, ``on_checkpointing_end(is_async_finalization=False)`` and ``shutdown``
 must be called by every rank at the same point. Initialise the process group before ``setup``
 and destroy it after ``shutdown``.

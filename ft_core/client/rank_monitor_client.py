@@ -31,22 +31,7 @@ from collections.abc import Collection
 from typing import Any, Optional
 
 from ft_core.client import state as client_state
-
-from ft_core.wire import protocol
-from ft_core.wire.config import FaultToleranceConfig
-from ft_core.wire.data import HeartbeatTimeouts, SectionAction, SectionTimeouts, WorkloadControlRequest
-from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.wire.errors import ProtocolError, RankMonitorClientError, TimeoutsCalcError
 from ft_core.client.connection import MonitorConnection, send_to_launcher
-from ft_core.wire.progress_slot import (
-    OFF_HEARTBEAT_COUNT,
-    OFF_LAST_HEARTBEAT,
-    OFF_LAST_SECTION_ACTIVITY,
-    OFF_OUT_OF_SECTION_SINCE,
-    OFF_STEP,
-    ProgressSlot,
-    section_offset,
-)
 from ft_core.client.ranklog import configure_rank_logging, rank_logger
 from ft_core.client.timeout_bounds import (
     CalculatedMinimums,
@@ -57,6 +42,20 @@ from ft_core.client.timeout_bounds import (
     describe_section_timeouts,
 )
 from ft_core.client.timeouts_calc import TimeoutsCalc
+from ft_core.wire import protocol
+from ft_core.wire.config import FaultToleranceConfig
+from ft_core.wire.data import HeartbeatTimeouts, SectionAction, SectionTimeouts, WorkloadControlRequest
+from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
+from ft_core.wire.errors import ProtocolError, RankMonitorClientError, TimeoutsCalcError
+from ft_core.wire.progress_slot import (
+    OFF_HEARTBEAT_COUNT,
+    OFF_LAST_HEARTBEAT,
+    OFF_LAST_SECTION_ACTIVITY,
+    OFF_OUT_OF_SECTION_SINCE,
+    OFF_STEP,
+    ProgressSlot,
+    section_offset,
+)
 
 LIVENESS_CHECK_INTERVAL = 1.0
 

@@ -34,9 +34,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ft_core import RankMonitorClient
-from ft_core.wire.atomic import atomic_write_bytes, atomic_write_text
 from ft_core.client.collectives import TorchDistributedCollectives
 from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
+from ft_core.wire.atomic import atomic_write_bytes, atomic_write_text
 
 NODE = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 

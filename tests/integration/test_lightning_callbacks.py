@@ -22,12 +22,11 @@ from pathlib import Path
 import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorClientError
-
+from ft_core.client.simulated_fault import SimulatedFaultParams, plan_simulated_fault
+from ft_core.monitor.link import MonitorLink
 from ft_core.wire import protocol
 from ft_core.wire.config import ConfigError
 from ft_core.wire.env import FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.monitor.link import MonitorLink
-from ft_core.client.simulated_fault import SimulatedFaultParams, plan_simulated_fault
 from tests.monitor_events import received, wait_event
 
 WORKERS = Path(__file__).resolve().parents[1] / "workers"
@@ -192,14 +191,16 @@ def test_autoresume_without_the_flag_variable_is_a_clear_error(kind, monitor, tr
     [
         pytest.param("heartbeats", fixed_cfg("heartbeats", rank_heartbeat_timeout=None),
                      "rank_heartbeat_timeout=None) and calculate_timeouts=False", id="heartbeats-infinite"),
-        pytest.param("sections", fixed_cfg("sections", rank_section_timeouts={"setup": 5, "step": None, "checkpointing": 5}),
+        pytest.param("sections",
+                     fixed_cfg("sections", rank_section_timeouts={"setup": 5, "step": None, "checkpointing": 5}),
                      "'step': None", id="sections-infinite"),
         pytest.param("sections", fixed_cfg("sections", rank_out_of_section_timeout=None),
                      "rank_out_of_section_timeout=None) and calculate_timeouts=False", id="out-of-section-infinite"),
         pytest.param("heartbeats", fixed_cfg("heartbeats", rank_out_of_section_timeout=30),
                      "rank_out_of_section_timeout=30.0 is set, but this callback opens no sections",
                      id="heartbeats-with-out-of-section-timeout"),
-        pytest.param("sections", fixed_cfg("sections", initial_rank_heartbeat_timeout=3600, rank_heartbeat_timeout=2700),
+        pytest.param("sections",
+                     fixed_cfg("sections", initial_rank_heartbeat_timeout=3600, rank_heartbeat_timeout=2700),
                      "initial_rank_heartbeat_timeout=3600.0 is finite, but this front end sends no heartbeats "
                      "and sections are not heartbeats", id="sections-with-finite-heartbeat-timeouts"),
     ],
@@ -222,7 +223,8 @@ def test_sections_missing_from_the_config_are_named(monitor, train, tmp_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_an_error_in_model_setup_after_connecting_reaches_the_user_unmasked(kind, monitor, train, tmp_path, monkeypatch):
+def test_an_error_in_model_setup_after_connecting_reaches_the_user_unmasked(
+        kind, monitor, train, tmp_path, monkeypatch):
     flag = tmp_path / "finished.flag"
     monkeypatch.setenv(FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, str(flag))
     mon = monitor(fixed_cfg(kind))
@@ -427,7 +429,8 @@ SECTION_HANGS = [
 
 
 @pytest.mark.parametrize(("short", "hang", "kind", "section"), SECTION_HANGS)
-def test_a_hang_is_reported_with_its_section_and_that_sections_timeout(short, hang, kind, section, monitor, spawn_trainer, tmp_path):
+def test_a_hang_is_reported_with_its_section_and_that_sections_timeout(
+        short, hang, kind, section, monitor, spawn_trainer, tmp_path):
     sections = {"setup": LONG, "step": LONG, "checkpointing": LONG}
     oos = LONG
     if short is None:
@@ -469,7 +472,8 @@ def test_async_checkpointing_completes_and_saves(monitor, train, tmp_path):
 
 
 @pytest.mark.slow
-def test_heartbeat_timeouts_are_calculated_after_a_load_and_a_save_and_enforced_next_run(monitor, spawn_trainer, tmp_path):
+def test_heartbeat_timeouts_are_calculated_after_a_load_and_a_save_and_enforced_next_run(
+        monitor, spawn_trainer, tmp_path):
     mon = monitor(fixed_cfg("heartbeats", safety_factor=10.0))
     state_path = tmp_path / "ft_state" / "_ft_state.json"
     base = {"callback": "heartbeats", "root": str(tmp_path), "ckpt_every": 5, "step_sleep": 0.05,
@@ -518,7 +522,8 @@ def test_section_timeouts_are_calculated_after_16_iterations_and_enforced_next_r
     assert 0.2 <= sections["section"]["step"] < LONG  # >= 10 x 0.02 s
     assert 0.2 <= sections["out_of_section"] < LONG
     # the update after the save was in force before the run ended
-    assert report(tmp_path, "train_end", index=-1)["sections"]["calculated_sections"] == ["checkpointing", "setup", "step"]
+    calculated = report(tmp_path, "train_end", index=-1)["sections"]["calculated_sections"]
+    assert calculated == ["checkpointing", "setup", "step"]
 
     third = spawn_trainer({**base, "max_steps": 60, "resume": True, "hang": {"where": "step", "step": 33}}, mon)
     event = wait_event(mon.link, protocol.MSG_RANK_HANG)
@@ -528,7 +533,7 @@ def test_section_timeouts_are_calculated_after_16_iterations_and_enforced_next_r
     assert event["timeout"] == pytest.approx(sections["section"]["step"])
 
 
-# ---------------------------------------------------------------------- the rules shared with ft_core.client.integration
+# ------------------------------------------------------- the rules shared with ft_core.client.integration
 
 
 def test_warm_up_batches_are_out_of_section(monitor, train, tmp_path):
@@ -603,10 +608,12 @@ def test_a_failing_exc_handling_policy_delivery_does_not_mask_the_error(monitor,
 @pytest.mark.parametrize(
     ("value", "text"),
     [
-        ({"fault_type": "crash", "base_delay": 1}, "fault_type must be one of rank_killed, rank_hung, random, got 'crash'"),
+        ({"fault_type": "crash", "base_delay": 1},
+         "fault_type must be one of rank_killed, rank_hung, random, got 'crash'"),
         ({"fault_type": "rank_killed", "base_delay": -1}, "base_delay must be a finite number of seconds >= 0, got -1"),
         ({"fault_type": "rank_killed", "base_delay": 1, "rand_delay": float("nan")}, "rand_delay"),
-        ({"fault_type": "rank_killed", "base_delay": 1, "rank_to_fail": -2}, "rank_to_fail must be a rank number >= 0 or None, got -2"),
+        ({"fault_type": "rank_killed", "base_delay": 1, "rank_to_fail": -2},
+         "rank_to_fail must be a rank number >= 0 or None, got -2"),
         ({"fault_type": "rank_killed", "base_delay": 1, "delay": 3}, "unknown key(s) delay"),
         ({"fault_type": "rank_killed"}, "missing key(s) base_delay"),
         ("rank_killed", "must be a SimulatedFaultParams or a dict"),
@@ -692,7 +699,8 @@ def test_simulated_fault_is_cancelled_when_training_ends_first(monitor, spawn_tr
 
 def test_one_fault_tolerance_callback_per_trainer(monitor, train, tmp_path):
     monitor(fixed_cfg("heartbeats"))
-    with pytest.raises(ConfigError, match="one fault tolerance callback, but it also has FaultToleranceSectionsCallback"):
+    with pytest.raises(ConfigError,
+                       match="one fault tolerance callback, but it also has FaultToleranceSectionsCallback"):
         train({"callback": "heartbeats", "root": str(tmp_path), "max_steps": 2, "both_callbacks": True})
 
 

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 
 from ft_core import FaultToleranceConfig
-
+from ft_core.monitor.link import MonitorLink
 from ft_core.wire import protocol
 from ft_core.wire.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.monitor.link import MonitorLink
 from tests.launcher_util import events_of, read_events, run_launcher
 
 WORKERS = Path(__file__).resolve().parents[1] / "workers"

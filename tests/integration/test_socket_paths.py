@@ -19,10 +19,9 @@ import uuid
 import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorClient, RankMonitorServer
-
+from ft_core.monitor.link import MonitorLink
 from ft_core.wire import protocol
 from ft_core.wire.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.monitor.link import MonitorLink
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import stat
 import pytest
 
 from ft_core import ConfigError, FaultToleranceConfig
-
 from ft_core.wire import protocol
 from ft_core.wire.config import Role, parse_cli_value
 

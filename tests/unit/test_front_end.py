@@ -29,7 +29,8 @@ def test_every_front_end_words_a_bad_flag_alike(tmp_path):
     from ptl_resiliency import FaultToleranceCallback, FaultToleranceSectionsCallback
 
     attempts = {
-        "ft_core.client.integration.setup": lambda: FaultToleranceIntegration().setup(tmp_path, calculate_timeouts="yes"),
+        "ft_core.client.integration.setup":
+            lambda: FaultToleranceIntegration().setup(tmp_path, calculate_timeouts="yes"),
         "FaultToleranceCallback": lambda: FaultToleranceCallback(False, calculate_timeouts="yes"),
         "FaultToleranceSectionsCallback": lambda: FaultToleranceSectionsCallback(False, calculate_timeouts="yes"),
     }

@@ -22,9 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ft_core import FaultToleranceConfig
-
-from ft_core.wire import protocol
 from ft_core.monitor.link import MonitorLink
+from ft_core.wire import protocol
 from launcher.control_server import ControlServer
 
 LIVE = settings(max_examples=200, deadline=None,

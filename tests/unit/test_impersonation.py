@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from ft_core import FaultToleranceConfig, RankMonitorClient, RankMonitorClientError
-
+from ft_core.monitor.link import MonitorLink
 from ft_core.wire import protocol
 from ft_core.wire.config import Role
 from ft_core.wire.data import WorkloadAction, WorkloadControlRequest
@@ -29,7 +29,6 @@ from ft_core.wire.env import (
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
     FT_WARM_TEMPLATE_SOCKET_ENV_VAR,
 )
-from ft_core.monitor.link import MonitorLink
 from launcher.warm import trampoline
 from tests.other_user import Stranger
 

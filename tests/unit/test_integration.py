@@ -19,9 +19,9 @@ import pytest
 
 import ft_core.client.integration as ft_integration
 from ft_core import FaultToleranceConfig, RankMonitorClientError
+from ft_core.client.integration import FaultToleranceIntegration
 from ft_core.wire.config import ConfigError
 from ft_core.wire.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.client.integration import FaultToleranceIntegration
 from tests.conftest import HARMLESS_TERMINATION
 
 LONG = 600.0
@@ -143,7 +143,8 @@ def test_a_finite_initial_heartbeat_timeout_is_refused_at_setup(monitor, ft, tmp
     # No heartbeats are sent, and sections are not heartbeats (seed 002): the monitor would stop
     # the rank an hour in. Said at setup instead.
     monitor(initial_rank_heartbeat_timeout=3600.0, rank_heartbeat_timeout=2700.0)
-    with pytest.raises(ConfigError, match="initial_rank_heartbeat_timeout=3600.0 is finite.*sections are not heartbeats"):
+    with pytest.raises(ConfigError,
+                       match="initial_rank_heartbeat_timeout=3600.0 is finite.*sections are not heartbeats"):
         ft.setup(tmp_path, calculate_timeouts=True)
     assert not ft.is_initialized
 

@@ -128,7 +128,7 @@ def _world_readable_copy_of_ft_core() -> str:
     where = tempfile.mkdtemp(prefix="ptlr-nobody-", dir="/tmp")
     shutil.copytree(os.path.join(ROOT, "ft_core"), os.path.join(where, "ft_core"),
                     ignore=shutil.ignore_patterns("__pycache__"))
-    for folder, dirs, files in os.walk(where):
+    for folder, _dirs, files in os.walk(where):
         os.chmod(folder, 0o755)
         for name in files:
             os.chmod(os.path.join(folder, name), 0o644)

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from ft_core import RankMonitorClient
-from ft_core.wire.atomic import atomic_write_text
 from ft_core.client.collectives import default_collectives
 from ft_core.client.state_file import (
     MAX_STATE_FILE_BYTES,
@@ -26,6 +25,7 @@ from ft_core.client.state_file import (
     StateFile,
     state_file_path,
 )
+from ft_core.wire.atomic import atomic_write_text
 
 LOGGER = "tests.state_file"
 HB = {"initial": 60.0, "subsequent": 30.0, "were_calculated": True}

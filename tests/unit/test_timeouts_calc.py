@@ -14,10 +14,10 @@ from typing import Optional
 
 import pytest
 
-from ft_core.wire.config import MAX_SECONDS
-from ft_core.wire.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
 from ft_core.client.timeout_bounds import bound_calculated_timeout
 from ft_core.client.timeouts_calc import UNOBSERVED, TimeoutsCalc, TimeoutsCalcError
+from ft_core.wire.config import MAX_SECONDS
+from ft_core.wire.data import HeartbeatTimeouts, SectionAction, SectionTimeouts
 
 OPEN, CLOSE, CLOSE_ALL = SectionAction.OPEN, SectionAction.CLOSE, SectionAction.CLOSE_ALL
 

@@ -18,8 +18,8 @@ import sys
 import time
 
 from ft_core import RankMonitorClient
-from ft_core.wire.atomic import atomic_write_text
 from ft_core.client.run_errors import record_error_for_launcher
+from ft_core.wire.atomic import atomic_write_text
 
 
 def main() -> int:
