@@ -2,10 +2,11 @@
 
 docs/launcher.md ("Signals") has the table for every signal and every way it can arrive. In short:
 
-- SIGTERM, SIGINT, SIGHUP, SIGQUIT (:data:`STOP_SIGNALS`) stop the run: the first raises torch's
-  ``SignalException`` in the main thread, the agent stops the workers (SIGKILL after
-  ``--term-timeout``), the launcher cleans up and exits 0 if every worker exited 0 within the
-  timeout, else 1. A second one while stopping is logged and changes nothing; a third forces the
+- SIGTERM, SIGINT, SIGHUP, SIGQUIT (:data:`STOP_SIGNALS`) stop the run: the first (by arrival,
+  even when Python runs a later one's handler first: it runs pending handlers in signal-number
+  order) raises torch's ``SignalException`` in the main thread, the agent stops the workers
+  (SIGKILL after ``--term-timeout``), the launcher cleans up and exits 0 if every worker exited 0
+  within the timeout, else 1. A second one while stopping is logged and changes nothing; a third forces the
   stop at once (SIGKILL to every process of the run, run directory removed, result recorded, exit
   128+N). A watchdog forces it too if the stop takes longer than ``--term-timeout`` + 30 s.
 - Every other signal of :data:`ft_core.wire.osutil.STEP_SIGNALS` (:data:`RELAYED_SIGNALS`: SIGUSR1,
@@ -59,6 +60,10 @@ whole job: a step daemon signals the processes of a step one after the other. A 
 launcher alone reaches the workers this much later."""
 FORCE_AFTER = 3
 """The stop signal that forces the stop (like torchrun: the third)."""
+ARRIVAL_WAIT = JOB_WIDE_WINDOW + 1.0
+"""Seconds the main thread's stop handler waits for the dispatcher to learn which stop signal
+arrived first (it reads the wakeup bytes at once, unless it is still deciding on a relayed signal:
+up to :data:`JOB_WIDE_WINDOW`)."""
 
 
 class SignalHandling:
@@ -86,6 +91,8 @@ class SignalHandling:
         self._raised = False
         self._stop: tuple[signal.Signals, bool] | None = None
         self._stop_decided = threading.Event()
+        self._first_arrived: signal.Signals | None = None  # the first stop signal, by arrival
+        self._stop_arrived = threading.Event()
         self._rsock, self._wsock = socket.socketpair()
         self._rsock.setblocking(True)
         self._wsock.setblocking(False)
@@ -141,9 +148,16 @@ class SignalHandling:
     # ------------------------------------------------------------------ main thread
 
     def _on_stop(self, signum: int, _frame: object) -> None:
+        # Python runs the handlers of signals pending together in signal-number order (SIGINT
+        # before SIGTERM, whichever came first), so ``signum`` need not be the first stop signal.
+        # The wakeup fd has the bytes in arrival order: the stop is the dispatcher's first one,
+        # the one it logs, decides job-wide for, and stop_delivered() answers about.
         if self._may_raise and not self._raised:
             self._raised = True
-            raise SignalException(f"Process {os.getpid()} got signal: {signum}", sigval=signal.Signals(signum))
+            sig = signal.Signals(signum)
+            if self._stop_arrived.wait(ARRIVAL_WAIT) and self._first_arrived is not None:
+                sig = self._first_arrived
+            raise SignalException(f"Process {os.getpid()} got signal: {int(sig)}", sigval=sig)
 
     def _on_relayed(self, signum: int, _frame: object) -> None:
         """Nothing here: the dispatcher thread acts (it learns of the signal through the wakeup fd)."""
@@ -165,14 +179,17 @@ class SignalHandling:
                 return
             except OSError:
                 return
-            for value in data:
+            received_at = time.monotonic()
+            arrived = [sig for sig in map(_signal_or_none, data) if sig is not None]
+            if self._first_arrived is None:
+                # Before deciding anything (which may take JOB_WIDE_WINDOW): the main thread's
+                # handler waits for this to name the stop (see _on_stop).
+                self._first_arrived = next((sig for sig in arrived if sig in STOP_SIGNALS), None)
+                if self._first_arrived is not None:
+                    self._stop_arrived.set()
+            for sig in arrived:
                 if self._closed.is_set():
                     return
-                try:
-                    sig = signal.Signals(value)
-                except ValueError:
-                    continue
-                received_at = time.monotonic()
                 if sig in STOP_SIGNALS:
                     stops += 1
                     if stops == 1:
@@ -211,3 +228,11 @@ class SignalHandling:
         except Exception:  # without the sentinel's word, treat it as ours alone
             logger.exception("cannot tell whether %s was sent to the whole job", sig.name)
             return False
+
+
+def _signal_or_none(value: int) -> signal.Signals | None:
+    """The signal a wakeup byte names (None: not a signal number)."""
+    try:
+        return signal.Signals(value)
+    except ValueError:
+        return None

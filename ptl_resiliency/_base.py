@@ -420,7 +420,7 @@ class _FaultToleranceCallbackBase(Callback):
                                         self._flag_path, err)
                         flag_error = err
         finally:
-            self._session.close()
+            self._session.close(clean_end=clean)
         if flag_error is not None and exception is None:
             raise flag_error
 

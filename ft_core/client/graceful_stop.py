@@ -42,13 +42,24 @@ collective, and a checkpoint written from inside a signal handler can deadlock o
    the signal (plus an evaluation run that lies in between).
 
 :meth:`~GracefulStop.uninstall` puts back the handlers it replaced, unless someone else has
-installed another one since.
+installed another one since. After a clean end (``absorb=True``, what the front ends pass when
+training completed or stopped gracefully), a stop signal that had its default action before (SIG_DFL, or
+Python's ``KeyboardInterrupt`` handler) does not get it back, though: from then on it is absorbed
+(a handler that does nothing) for the rest of the process. The run has ended by then; a stop or a
+warning that comes after it (SLURM's ``USR1`` relayed a moment late, a time limit reached while the
+rank writes its last files) must not kill a rank that finished (-10 would count as a failure and
+restart a completed job). The launcher stops such a rank anyway when it stops the job (SIGKILL after
+``--term-timeout``). A handler of the user's comes back as it was. Absorbed signals are ignored
+(``SIG_IGN``) from the start of the interpreter's exit on: CPython puts the default action back for
+every Python handler while it finalizes.
 
 Standard library only; collectives go through :class:`~ft_core.client.collectives.Collectives`.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import time
@@ -82,12 +93,38 @@ MAX_CHECK_INTERVAL = 3600.0
 MAX_INTERVAL_STEPS = 1_000_000
 """At most this many steps between two checks, whatever the step time."""
 
-_DEFAULT_DISPOSITIONS = (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler)
+
+
+def _absorb_after_end(signum: int, frame: Any) -> None:
+    """A stop signal after the run ended: nothing to do (see the module docstring)."""
+
+
+_DEFAULT_DISPOSITIONS = (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler, _absorb_after_end)
+_DEFAULT_ACTIONS = (signal.SIG_DFL, None, signal.default_int_handler, _absorb_after_end)
+"""What a signal had before :meth:`GracefulStop.install` for it to be absorbed after the run."""
 Handler = Any  # what signal.getsignal returns
 
 _ARMED: weakref.WeakSet[GracefulStop] = weakref.WeakSet()
 """The stops that protect the children forked now (created, not uninstalled)."""
 _AT_FORK_REGISTERED = False
+_AT_EXIT_REGISTERED = False
+
+
+def _ignore_absorbed_at_exit() -> None:
+    # atexit, main thread: CPython resets every Python handler to SIG_DFL later in its
+    # finalization, which would reopen the window this module closes; SIG_IGN stays.
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(sig) is _absorb_after_end:
+                signal.signal(sig, signal.SIG_IGN)
+
+
+def _absorb(sig: signal.Signals) -> None:
+    global _AT_EXIT_REGISTERED
+    if not _AT_EXIT_REGISTERED:
+        atexit.register(_ignore_absorbed_at_exit)
+        _AT_EXIT_REGISTERED = True
+    signal.signal(sig, _absorb_after_end)
 
 
 def _protect_forked_child() -> None:
@@ -148,7 +185,8 @@ class GracefulStopConfig:
         object.__setattr__(self, "checkpoint_path", None if path is None else os.fspath(path))
 
     @classmethod
-    def from_value(cls, value: Union[None, bool, GracefulStopConfig, Mapping[str, Any]]) -> Optional[GracefulStopConfig]:
+    def from_value(cls, value: Union[None, bool, GracefulStopConfig, Mapping[str, Any]]
+                   ) -> Optional[GracefulStopConfig]:
         """The config for a front end's ``graceful_stop`` argument: None or False (off), True
         (defaults), a :class:`GracefulStopConfig`, or a dict of its fields.
 
@@ -242,14 +280,26 @@ class GracefulStop:
             signal.signal(sig, self._handle)
         return True
 
-    def uninstall(self) -> None:
-        """Restore what :meth:`install` replaced, for each signal still handled by us. Main
-        thread only (elsewhere nothing happens); safe to call more than once."""
+    def uninstall(self, absorb: bool = False) -> None:
+        """Restore what :meth:`install` replaced, for each signal still handled by us. A handler
+        installed by someone else since stays. Main thread only (elsewhere nothing happens); safe
+        to call more than once.
+
+        Args:
+            absorb: The run ended cleanly (or stopped gracefully): a signal that had its default
+                action before install is absorbed instead, from now on (also when a framework put
+                the default action back before this call: Lightning does at the end of ``fit``).
+                After a failure the default actions come back, so the rank still ends at once.
+        """
         _ARMED.discard(self)
         if not in_main_thread():
             return
         for sig, previous in self._replaced.items():
-            if signal.getsignal(sig) == self._handle:
+            current = signal.getsignal(sig)
+            if absorb and self._chain.get(sig, previous) in _DEFAULT_ACTIONS and (
+                    current == self._handle or current in _DEFAULT_ACTIONS):
+                _absorb(sig)
+            elif current == self._handle:
                 signal.signal(sig, signal.SIG_DFL if previous is None else previous)
         self._replaced = {}
 

@@ -263,7 +263,7 @@ class FaultToleranceIntegration:
         except Exception:  # shutdown promises never to raise: the run's own outcome comes first
             self._log.exception("fault tolerance: final timeouts update failed")
         finally:
-            session.close()
+            session.close(clean_end=update_timeouts)
         if stop is not None and stop.stop_step is not None:
             self._log.rank_zero_info("fault tolerance shut down after a graceful stop (%s) after training step %s of "
                                      "this run", stop.describe_stop(), stop.stop_step)

@@ -111,6 +111,7 @@ class FrontEndSession:
         self.log = log
         self.part = part
         self.phase = SessionPhase.IDLE
+        self._clean_end = False
         self.client: Optional[RankMonitorClient] = None
         self.set_step: Optional[Callable[[int], None]] = None
         self.graceful_stop: Optional[GracefulStop] = None
@@ -250,12 +251,18 @@ class FrontEndSession:
 
     # ------------------------------------------------------------------ tear-down
 
-    def close(self) -> None:
+    def close(self, clean_end: bool = False) -> None:
         """Release everything the session holds, last acquired first; back to ``IDLE``.
 
         Every release runs even when one before it failed (that one is logged); never raises.
         Safe to call in any phase and more than once.
+
+        Args:
+            clean_end: The run completed or stopped gracefully: stop signals that had their
+                default action are absorbed from now on (:meth:`GracefulStop.uninstall`), so a
+                signal that comes after the end cannot fail a finished rank.
         """
+        self._clean_end = clean_end
         releases, self._releases = self._releases, []
         self.phase = SessionPhase.IDLE
         for name, release in reversed(releases):
@@ -305,7 +312,7 @@ class FrontEndSession:
     def _uninstall_graceful_stop(self) -> None:
         stop, self.graceful_stop = self.graceful_stop, None
         if stop is not None:
-            stop.uninstall()
+            stop.uninstall(absorb=self._clean_end)
 
 
 def session_attribute(name: str, doc: str) -> Any:

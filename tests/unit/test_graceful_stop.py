@@ -15,6 +15,7 @@ from ft_core.client.graceful_stop import (
     MAX_INTERVAL_STEPS,
     GracefulStop,
     GracefulStopConfig,
+    _absorb_after_end,
 )
 from ft_core.client.sections_policy import (
     final_update_refusal,
@@ -91,8 +92,12 @@ def test_a_stop_signal_only_sets_a_flag_once_however_often_it_comes(restore_hand
     assert stop.step_ended(COLLECTIVES)  # one stop, at the first check
     assert stop.stop_step == 1 and stop.stop_signal is signal.SIGUSR1 and stop.checks == 1
     assert stop.describe_stop() == "SIGUSR1 (received by this rank)"
-    stop.uninstall()
-    assert not stop.installed and {sig: signal.getsignal(sig) for sig in DEFAULT_SIGNALS} == before
+    stop.uninstall(absorb=True)
+    # Default actions before: absorbed from now on (a stop after the run must not kill it, 21.3).
+    assert before == dict.fromkeys(DEFAULT_SIGNALS, signal.SIG_DFL)
+    assert not stop.installed and {sig: signal.getsignal(sig) for sig in DEFAULT_SIGNALS} == \
+        dict.fromkeys(DEFAULT_SIGNALS, _absorb_after_end)
+    os.kill(os.getpid(), signal.SIGUSR1)  # would end this process with SIG_DFL back
 
 
 def test_the_users_handler_still_runs_and_is_restored(restore_handlers):
@@ -137,8 +142,8 @@ def test_sigint_does_not_raise_keyboard_interrupt_when_it_asks_for_a_stop(restor
     stop.install()
     os.kill(os.getpid(), signal.SIGINT)  # would raise KeyboardInterrupt if the default handler ran
     assert stop.received is signal.SIGINT
-    stop.uninstall()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    stop.uninstall(absorb=True)
+    assert signal.getsignal(signal.SIGINT) is _absorb_after_end  # no KeyboardInterrupt after the run
 
 
 def test_handlers_are_installed_on_the_main_thread_only(restore_handlers):
@@ -278,3 +283,12 @@ def test_handlers_registered_after_the_chain_was_taken_are_not_called(restore_ha
     stop.uninstall()
     os.kill(os.getpid(), signal.SIGTERM)
     assert calls == ["user", "framework"]  # what was there when ours went in is back
+
+
+def test_after_a_failure_the_default_actions_come_back(restore_handlers):
+    """Only a clean end absorbs later stop signals; a failed rank must still end at once."""
+    before = {sig: signal.getsignal(sig) for sig in DEFAULT_SIGNALS}
+    stop = GracefulStop(GracefulStopConfig())
+    stop.install()
+    stop.uninstall(absorb=False)
+    assert {sig: signal.getsignal(sig) for sig in DEFAULT_SIGNALS} == before
