@@ -39,7 +39,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
-from ft_core.wire import protocol
+from ft_core.wire import messages
 from ft_core.wire.config import FaultToleranceConfig, Role
 from ft_core.wire.data import WorkloadAction
 from ft_core.wire.env import (
@@ -56,6 +56,21 @@ from launcher.events import EventLog
 from launcher.failures import KIND_TERMINATED, Exchanged, failure_records, group_unhealthy_record
 from launcher.incident import CycleWatch, about_an_earlier_worker
 from launcher.monitors import UNRESPONSIVE, MonitorPool
+from launcher.records import (
+    ControlRequest,
+    CycleStart,
+    LeftoversKilled,
+    MinHealthyRestart,
+    MonitorDied,
+    MonitorReplaced,
+    MonitorUnresponsive,
+    RankEscalated,
+    Restart,
+    SignalForwarded,
+    SignalReceived,
+    WorkersReady,
+    WorkersSucceeded,
+)
 from launcher.restart_policy import (
     OUTCOME_EXCLUDED,
     OUTCOME_SHUTDOWN,
@@ -198,11 +213,11 @@ class FaultTolerantAgent(LocalElasticAgent):
         :class:`launcher.processes.WorkerProcesses`).
         """
         sent, queued = self._workers.route(sig, job_wide)
-        self._events.record("signal_received", cycle=self.cycle, signal=sig.name, job_wide=job_wide,
-                            queued_for_local_ranks=queued)
+        self._events.record_event(SignalReceived(cycle=self.cycle, signal=sig.name, job_wide=job_wide,
+                                                 queued_for_local_ranks=queued))
         if sent:
-            self._events.record("signal_forwarded", cycle=self.cycle, signal=sig.name, worker_pids=sorted(sent),
-                                queued=False)
+            self._events.record_event(SignalForwarded(cycle=self.cycle, signal=sig.name, worker_pids=sorted(sent),
+                                                      queued=False))
         if queued:
             logger.info("%s queued for local rank(s) %s: delivered when their next worker connects",
                         sig.name, queued)
@@ -241,13 +256,13 @@ class FaultTolerantAgent(LocalElasticAgent):
             if replaced.reason == UNRESPONSIVE:
                 logger.error("the rank monitor of local rank %s (pid %s) did not answer a ping; killed and "
                              "replaced it", replaced.local_rank, replaced.pid)
-                self._events.record("monitor_unresponsive", cycle=self.cycle, local_rank=replaced.local_rank,
-                                    monitor_pid=replaced.pid)
+                self._events.record_event(MonitorUnresponsive(cycle=self.cycle, local_rank=replaced.local_rank,
+                                                              monitor_pid=replaced.pid))
             else:
                 logger.warning("replaced the rank monitor of local rank %s (it had exited with %s)",
                                replaced.local_rank, replaced.exit_code)
-            self._events.record("monitor_replaced", cycle=self.cycle, local_rank=replaced.local_rank,
-                                exit_code=replaced.exit_code, reason=replaced.reason)
+            self._events.record_event(MonitorReplaced(cycle=self.cycle, local_rank=replaced.local_rank,
+                                                      exit_code=replaced.exit_code, reason=replaced.reason))
         warm_ready = self._starts.before_cycle(self.cycle)
         self._watch.reset()
         self._stopped_by_us.clear()
@@ -266,8 +281,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._awaiting_ready = set(pids)
         self._starts.workers_started(spawned_at)
         since_failure = None if self._last_failure_at is None else spawned_at - self._last_failure_at
-        self._events.record(
-            "cycle_start",
+        self._events.record_event(CycleStart(
             cycle=self.cycle,
             restart_count=worker_group.spec.max_restarts - self._remaining_restarts,
             group_rank=worker_group.group_rank,
@@ -279,7 +293,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             spawn_s=_round(spawned_at - self._cycle_began),
             since_failure_s=_round(since_failure),
             warm_start=warm_ready,
-        )
+        ))
         self._last_failure_at = None
         logger.info("cycle %s: started workers %s", self.cycle, sorted(worker_pids.values()))
         if self._reassert_signal_handlers is not None:
@@ -302,7 +316,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._cycle_began = time.monotonic()
         if self._last_failure_at is None:
             # Not our failure: another node restarted or joined (torch saw nodes waiting).
-            self._events.record("restart", cycle=self.cycle, reason="another node entered the rendezvous")
+            self._events.record_event(Restart(cycle=self.cycle, reason="another node entered the rendezvous"))
         super()._restart_workers(worker_group)
 
     # ------------------------------------------------------------------ monitoring
@@ -345,7 +359,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
             self._enter(AgentPhase.SUCCEEDED)
-            self._events.record("workers_succeeded", cycle=self.cycle)
+            self._events.record_event(WorkersSucceeded(cycle=self.cycle))
         return result
 
     def _statuses(self) -> dict[int, int | None]:
@@ -386,25 +400,24 @@ class FaultTolerantAgent(LocalElasticAgent):
         for local_rank, event in self._monitors.poll_events():
             self._on_monitor_event(local_rank, event)
 
-    def _on_monitor_event(self, local_rank: int, event: dict[str, Any]) -> None:
-        kind = event.get("type")
-        if (kind in (protocol.MSG_RANK_HANG, protocol.MSG_RANK_ESCALATED)
+    def _on_monitor_event(self, local_rank: int, event: messages.Message) -> None:
+        if (isinstance(event, (messages.RankHang, messages.RankEscalated))
                 and about_an_earlier_worker(event, self._workers.worker_pids.get(local_rank))):
             logger.info("cycle %s: ignored a late %s report of local rank %s about pid %s, a worker of an "
-                        "earlier cycle (the current one is pid %s)", self.cycle, kind, local_rank, event.get("pid"),
+                        "earlier cycle (the current one is pid %s)", self.cycle, event.TYPE, local_rank, event.pid,
                         self._workers.worker_pids.get(local_rank))
             return
-        if kind == protocol.MSG_RANK_HANG:
+        if isinstance(event, messages.RankHang):
             # Keyed by local rank: with warm starts torch knows the trampoline's pid, the
             # monitor the forked worker's.
             self._watch.on_hang(local_rank, event, self._ft_cfg.rank_termination_grace or 0.0)
-        elif kind == protocol.MSG_RANK_ESCALATED:
+        elif isinstance(event, messages.RankEscalated):
             logger.error("rank %s (local rank %s, pid %s) outlived %s by %.1f s; its monitor sent SIGKILL",
-                         event.get("rank"), local_rank, event.get("pid"),
-                         self._ft_cfg.rank_termination_signal.name, event.get("after") or 0.0)
-            self._events.record("rank_escalated", cycle=self.cycle, local_rank=local_rank, rank=event.get("rank"),
-                                worker_pid=event.get("pid"), signal=event.get("signal"), after=event.get("after"))
-        elif kind == protocol.MSG_RANK_CONNECTED and local_rank in self._awaiting_ready:
+                         event.rank, local_rank, event.pid,
+                         self._ft_cfg.rank_termination_signal.name, event.after or 0.0)
+            self._events.record_event(RankEscalated(cycle=self.cycle, local_rank=local_rank, rank=event.rank,
+                                                    worker_pid=event.pid, signal=event.signal, after=event.after))
+        elif isinstance(event, messages.RankConnected) and local_rank in self._awaiting_ready:
             pid, delivered = self._workers.connected(local_rank)
             self._record_queued_delivery(pid, delivered)
             self._awaiting_ready.discard(local_rank)
@@ -412,19 +425,20 @@ class FaultTolerantAgent(LocalElasticAgent):
                 if self._phase is AgentPhase.STARTING:
                     self._enter(AgentPhase.RUNNING)
                 ready_s = time.monotonic() - self._cycle_began
-                self._events.record("workers_ready", cycle=self.cycle, ready_s=_round(ready_s))
-        elif kind == protocol.MSG_MONITOR_LOST:
+                self._events.record_event(WorkersReady(cycle=self.cycle, ready_s=_round(ready_s)))
+        elif isinstance(event, messages.MonitorLost):
             logger.error(
                 "the rank monitor of local rank %s exited (code %s); that rank is not watched "
-                "until the next cycle, when the monitor is replaced", local_rank, event.get("exit_code"),
+                "until the next cycle, when the monitor is replaced", local_rank, event.exit_code,
             )
-            self._events.record("monitor_died", cycle=self.cycle, local_rank=local_rank,
-                                exit_code=event.get("exit_code"))
+            self._events.record_event(MonitorDied(cycle=self.cycle, local_rank=local_rank,
+                                                  exit_code=event.exit_code))
 
     def _record_queued_delivery(self, pid: int | None, delivered: list[signal.Signals]) -> None:
         for sig in delivered:
             logger.info("delivered the queued %s to worker pid %s", sig.name, pid)
-            self._events.record("signal_forwarded", cycle=self.cycle, signal=sig.name, worker_pids=[pid], queued=True)
+            self._events.record_event(SignalForwarded(cycle=self.cycle, signal=sig.name, worker_pids=[pid],
+                                                      queued=True))
 
     def _on_failure(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
         # "Time to restart" counts from the failure itself (a crash, a hang's detection), not
@@ -453,8 +467,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         healthy = self._channel.healthy_nodes(worker_group.group_world_size)
         if not self._policy.restart_while_waiting(healthy):
             return RunResult(state=WorkerState.HEALTHY)
-        self._events.record("min_healthy_restart", cycle=self.cycle, healthy_nodes=healthy,
-                            min_nodes=self._policy.min_nodes)
+        self._events.record_event(MinHealthyRestart(cycle=self.cycle, healthy_nodes=healthy,
+                                                    min_nodes=self._policy.min_nodes))
         logger.warning("min-healthy: only %s healthy node(s) left (< %s); restarting the workload",
                        healthy, self._policy.min_nodes)
         self._enter(AgentPhase.FAILED)
@@ -494,10 +508,10 @@ class FaultTolerantAgent(LocalElasticAgent):
             except queue.Empty:
                 return
             action = item.request.action
-            self._events.record(
-                "control_request", cycle=self.cycle, action=action.name,
+            self._events.record_event(ControlRequest(
+                cycle=self.cycle, action=action.name,
                 description=item.request.description, sender_pid=item.sender_pid, rank=item.rank,
-            )
+            ))
             logger.warning("rank %s (pid %s) requested %s: %s", item.rank, item.sender_pid,
                            action.name, item.request.description or "(no reason given)")
             if action is WorkloadAction.ShutdownWorkload:
@@ -520,8 +534,9 @@ class FaultTolerantAgent(LocalElasticAgent):
             return
         self._enter(AgentPhase.SHUTDOWN)
         self._outcome_cause = f"node {notice.node} requested ShutdownWorkload: {notice.description}"
-        self._events.record("control_request", cycle=self.cycle, action=WorkloadAction.ShutdownWorkload.name,
-                            description=notice.description, rank=notice.rank, from_node=notice.node)
+        self._events.record_event(ControlRequest(cycle=self.cycle, action=WorkloadAction.ShutdownWorkload.name,
+                                                 description=notice.description, rank=notice.rank,
+                                                 from_node=notice.node))
         logger.warning("node %s requested ShutdownWorkload: %s", notice.node, notice.description)
 
     def _stop_for_outcome(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
@@ -568,7 +583,7 @@ class FaultTolerantAgent(LocalElasticAgent):
                                           keep_alone={self._starts.pid, *self._helper_pids} - {None})
         if killed:
             logger.warning("killed %s process(es) left behind by workers: %s", len(killed), sorted(killed))
-            self._events.record("leftovers_killed", cycle=self.cycle, pids=sorted(killed))
+            self._events.record_event(LeftoversKilled(cycle=self.cycle, pids=sorted(killed)))
 
 
 class _WorkerPidLogFilter(logging.Filter):

@@ -8,9 +8,9 @@ launcher's run id (``--rdzv-id``, or the random one). Records are appended with 
 closed before the next record. At exit the launcher prints a summary built from the same
 records. ``ft_report`` (:mod:`launcher.report`) reads the file back.
 
-Every record is one of the typed kinds of :mod:`launcher.records`: :meth:`EventLog.record_event`
-takes one (``record_event(CycleStart(cycle=0, ...))``); :meth:`EventLog.record` builds the kind's
-class from its name and fields, so an unknown kind or field is an error there too.
+Every record is one of the typed kinds of :mod:`launcher.records`, and :meth:`EventLog.record_event`
+is the one way to write one (``record_event(CycleStart(cycle=0, ...))``): a field the kind does
+not have is an error where the record is built.
 """
 
 from __future__ import annotations
@@ -65,15 +65,6 @@ class EventLog:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-
-    def record(self, event: str, **fields: Any) -> EventRecord:
-        """Append one record of kind ``event`` (see :mod:`launcher.records`) and return it.
-
-        Raises:
-            ValueError: ``event`` is not a known kind.
-            TypeError: A field the kind does not have, or a required one missing.
-        """
-        return self.record_event(records.build(event, **fields))
 
     def record_event(self, record: R) -> R:
         """Append ``record`` with its envelope filled in (time, node, pid, run id: those it does

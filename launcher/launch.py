@@ -60,6 +60,7 @@ from launcher.launch_config import (
 )
 from launcher.monitors import MonitorPool
 from launcher.options import LauncherOptions, UsageError, config_sources
+from launcher.records import LauncherStart, MonitorsStarted, Result, StoreLost
 from launcher.restart_policy import OUTCOME_EXCLUDED, OUTCOME_SHUTDOWN, RestartPolicy
 from launcher.sentinel import Sentinel
 from launcher.signals import JOB_WIDE_WINDOW, SignalHandling
@@ -224,8 +225,8 @@ class LauncherRun:
         if rdzv_defaulted:
             logger.info("rendezvous settings: %s (defaults of ft_launcher: %s; --rdzv-conf overrides)",
                         format_rdzv_conf(config), ",".join(sorted(rdzv_defaulted)))
-        events.record(
-            "launcher_start", nnodes=f"{config.min_nodes}:{config.max_nodes}",
+        events.record_event(LauncherStart(
+            nnodes=f"{config.min_nodes}:{config.max_nodes}",
             nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
             restart_policy=self._ft_cfg.restart_policy, rdzv_backend=config.rdzv_backend,
             run_id=config.run_id, config=self._ft_cfg.to_dict(), entrypoint=str(entrypoint),
@@ -233,7 +234,7 @@ class LauncherRun:
             attempt=os.environ.get(AUTORESUME_ATTEMPT_ENV_VAR),
             sentinel_pid=sentinel.pid, rdzv_conf=dict(config.rdzv_configs),
             rdzv_poll_interval=poll_interval,
-        )
+        ))
         rdzv_handler = create_rendezvous_handler(config)
         if poll_interval is not None and rendezvous_poll.install(poll_interval):
             rendezvous_poll.apply_to_handler(rdzv_handler, poll_interval)
@@ -251,7 +252,7 @@ class LauncherRun:
         monitors = MonitorPool(self._ft_cfg, self._run_dir, config.nproc_per_node, stacks_dir=stacks_dir)
         monitors.start()
         self._releases.callback(monitors.stop)
-        events.record("monitors_started", monitor_pids=monitors.pids())
+        events.record_event(MonitorsStarted(monitor_pids=monitors.pids()))
         self._agent = FaultTolerantAgent(
             spec, config.logs_specs, ft_cfg=self._ft_cfg,
             monitors=monitors, control=control, events=events,
@@ -383,7 +384,7 @@ class LauncherRun:
         print(f"[ft_launcher] {why}: the rendezvous cannot go on; stopping every process of this "
               f"node (exit {exit_codes.EXIT_FAILURE})", file=sys.stderr, flush=True)
         assert self._events is not None
-        self._events.record("store_lost", reason=why)
+        self._events.record_event(StoreLost(reason=why))
         self._finish_and_exit(_Result("rendezvous store lost", exit_codes.EXIT_FAILURE))
 
     def _finish_and_exit(self, result: _Result) -> None:
@@ -400,7 +401,7 @@ class LauncherRun:
                                  keep={self._sentinel.pid} - {None})
         shutil.rmtree(self._run_dir, ignore_errors=True)
         cycles = (self._agent.cycle + 1) if self._agent else 0
-        self._events.record("result", outcome=result.outcome, exit_code=result.exit_code, cycles=cycles)
+        self._events.record_event(Result(outcome=result.outcome, exit_code=result.exit_code, cycles=cycles))
         if self._result_file is not None:
             roots = self._events.last_cycle_root_nodes() if result.exit_code == exit_codes.EXIT_FAILURE else []
             write_result(self._result_file, result.exit_code, result.outcome, roots)

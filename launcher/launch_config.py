@@ -29,7 +29,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
 )
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-from ft_core.wire.config import ConfigError, parse_seconds
+from ft_core.wire.config import ConfigError, parse_seconds, parse_seconds_or_off
 from launcher import exit_codes, rendezvous_poll
 from launcher.options import UsageError, torchrun_default
 from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
@@ -196,13 +196,10 @@ def pop_store_lost_timeout(config: Any) -> float:
     if raw is None:
         return DEFAULT_STORE_LOST_TIMEOUT
     try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 86400:
-        raise StartFailed(f"invalid rendezvous configuration: {STORE_LOST_KEY}={raw!r} "
-                          "(seconds >= 0 and <= 86400; 0 = off)", "invalid arguments", exit_codes.EXIT_USAGE)
-    return value
+        return parse_seconds_or_off(f"--rdzv-conf {STORE_LOST_KEY}", raw, maximum=86400)
+    except ConfigError as err:
+        raise StartFailed(f"invalid rendezvous configuration: {err}", "invalid arguments",
+                          exit_codes.EXIT_USAGE) from None
 
 
 def format_rdzv_conf(config: Any) -> str:

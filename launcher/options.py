@@ -20,11 +20,10 @@ from torch.distributed import run as torch_run
 
 from ft_core.wire import reference_options
 from ft_core.wire.config import (
-    MAX_SECONDS,
     ConfigError,
     FaultToleranceConfig,
     MissingSectionError,
-    parse_seconds,
+    parse_seconds_or_off,
 )
 from ft_core.wire.env import (
     AUTORESUME_RUN_DIR_ENV_VAR,
@@ -101,10 +100,11 @@ class LauncherOptions:
         environ = os.environ if environ is None else environ
         term_timeout = None
         if args.term_timeout is not None:
-            term_timeout = seconds_or_zero("--term-timeout", args.term_timeout)
+            term_timeout = parse_seconds_or_off("--term-timeout", args.term_timeout, zero_means="at once")
         workers_stop_timeout = DEFAULT_WORKERS_STOP_TIMEOUT
         if getattr(args, "workers_stop_timeout", None) is not None:
-            workers_stop_timeout = seconds_or_zero("--workers-stop-timeout", args.workers_stop_timeout)
+            workers_stop_timeout = parse_seconds_or_off("--workers-stop-timeout", args.workers_stop_timeout,
+                                                        zero_means="at once")
         ignored = tuple(
             reference_options.check(option, value, option.flag)
             for option in REFERENCE_ONLY_OPTIONS
@@ -117,7 +117,8 @@ class LauncherOptions:
             warm_restarts=_switch(FT_LAUNCHER_WARM_RESTARTS_ENV_VAR, environ) and args.warm_restarts,
             warm_preload=tuple(m for m in args.warm_preload.split(",") if m),
             warm_start_delay=(START_DELAY if delay is None
-                              else seconds_or_zero(FT_LAUNCHER_WARM_START_DELAY_ENV_VAR, delay)),
+                              else parse_seconds_or_off(FT_LAUNCHER_WARM_START_DELAY_ENV_VAR, delay,
+                                                        zero_means="at once")),
             event_log=event_log,
             workers_stop_timeout=workers_stop_timeout,
             ignored_options=ignored,
@@ -179,22 +180,3 @@ def _switch(name: str, environ: Mapping[str, str]) -> bool:
     if value not in ("", "0", "1"):
         raise ConfigError(f"{name} must be 0 or 1, got {value!r}")
     return value != "0"
-
-
-def seconds_or_zero(name: str, value: Any) -> float:
-    """:func:`ft_core.wire.config.parse_seconds` (finite, at most ``MAX_SECONDS``), plus 0 ("at once").
-
-    Raises:
-        ConfigError: Naming ``name`` and echoing ``value``.
-    """
-    try:
-        if float(value) == 0:
-            return 0.0
-    except (TypeError, ValueError):
-        pass
-    try:
-        number = parse_seconds(name, value, allow_none=False)
-    except ConfigError:
-        raise ConfigError(f"{name} must be a number of seconds >= 0 and <= {MAX_SECONDS:g}, got {value!r}") from None
-    assert number is not None  # allow_none=False
-    return number

@@ -2,12 +2,12 @@
 
 Every record of ``ft_events.jsonl`` is one JSON object: ``event`` (its kind), the envelope every
 record carries (``time``, ``ts``, ``node``, ``pid``, ``run_id``), the kind's fields and
-``schema`` (:data:`SCHEMA_VERSION`; a record without it is version 1). The writers
-(:class:`launcher.events.EventLog`) build one of these classes for every record, so an unknown
-kind or field is an error where it is written; the readers (``ft_report``, the summary, the
-benchmarks, the auto-resume loop) read them back with :func:`read_events`, which yields typed
-records and skips, with one warning per reason, lines that are not JSON, unknown kinds, records
-of a newer schema and malformed ones. A record of an older writer that lacks an optional field
+``schema`` (:data:`SCHEMA_VERSION`; a record without it is version 1). The writers build one
+of these classes for every record and pass it to :meth:`launcher.events.EventLog.record_event`,
+so a field the kind does not have is an error where it is written; the readers (``ft_report``,
+the summary, the benchmarks, the auto-resume loop) read them back with :func:`read_events`,
+which yields typed records and skips, with one warning per reason, lines that are not JSON,
+unknown kinds, records of a newer schema and malformed ones. A record of an older writer that lacks an optional field
 reads as the field's default; fields a newer writer added are ignored.
 
 The table of ``docs/launcher.md`` is :func:`schema_table` (a test compares them).
@@ -434,19 +434,6 @@ KINDS: dict[str, type[EventRecord]] = {
     )
 }
 """Every kind of record, by its ``event``."""
-
-
-def build(event: str, **fields: Any) -> EventRecord:
-    """The record of kind ``event`` with ``fields`` (envelope fields included).
-
-    Raises:
-        ValueError: ``event`` is not a kind of :data:`KINDS`.
-        TypeError: A field the kind does not have, or a required one missing.
-    """
-    cls = KINDS.get(event)
-    if cls is None:
-        raise ValueError(f"unknown event record kind {event!r} (launcher.records.KINDS)")
-    return cls(**fields)
 
 
 # ---------------------------------------------------------------------- reading

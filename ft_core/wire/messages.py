@@ -4,7 +4,8 @@ The monitor builds them (:mod:`ft_core.monitor.server`, :mod:`ft_core.monitor.se
 ``to_wire()``; the launcher's link decodes what it receives with :func:`decode`
 (:mod:`ft_core.monitor.link`), and from there on a hang report is a :class:`RankHang` through
 :mod:`launcher.monitors`, :mod:`launcher.incident`, :mod:`launcher.failures` and
-:mod:`launcher.culprit`. The JSON keys are the ones the protocol always had (see
+:mod:`launcher.culprit` (the agent, :mod:`launcher.agent`, tells the kinds apart with
+``isinstance``). The JSON keys are the ones the protocol always had (see
 :mod:`ft_core.wire.protocol`), plus ``schema`` (:data:`SCHEMA_VERSION`); a reader of an older or
 newer message takes defaults for what it lacks and ignores what it does not know
 (:mod:`ft_core.wire.typed`).
@@ -51,13 +52,6 @@ class Message:
             MalformedError: A required field is missing or of the wrong type.
         """
         return typed.from_fields(cls, data)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """Mapping-style read of a wire key, for callers still written against dict messages
-        (``launcher/agent.py`` until it reads attributes); new code reads the attributes."""
-        if key == "type":
-            return self.TYPE
-        return self.to_wire().get(key, default)
 
 
 # ---------------------------------------------------------------------- parts

@@ -31,6 +31,7 @@ from typing import Any
 from ft_core.wire.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
 from ft_core.wire.osutil import signals_blocked
 from launcher.events import EventLog
+from launcher.records import WarmTemplateReady, WarmTemplateReplaced, WarmTemplateStarted
 
 logger = logging.getLogger(__name__)
 
@@ -251,11 +252,16 @@ class WarmCoordinator:
         """
         exit_code = self.template.forget_if_dead()
         if exit_code is not None:
-            self._events.record("warm_template_replaced", cycle=cycle, exit_code=exit_code)
+            self._events.record_event(WarmTemplateReplaced(cycle=cycle, exit_code=exit_code))
         was_ready = self.template.status is not None
         status = self.template.poll_ready()
         if status is not None and not was_ready:
-            self._events.record("warm_template_ready", cycle=cycle, pid=self.template.pid, **status)
+            # The template's ready line (launcher.warm.zygote): ready, failed_preloads, cuda_initialized.
+            self._events.record_event(WarmTemplateReady(
+                cycle=cycle, pid=self.template.pid, ready=bool(status.get("ready")),
+                failed_preloads=list(status.get("failed_preloads") or []),
+                cuda_initialized=status.get("cuda_initialized"),
+            ))
         return status is not None and self.template.alive()
 
     def workers_started(self, now: float | None = None) -> None:
@@ -271,7 +277,7 @@ class WarmCoordinator:
         if not workers_up and now < self._cycle_started_at + self._start_delay:
             return False
         self.template.start()
-        self._events.record("warm_template_started", cycle=cycle, pid=self.template.pid)
+        self._events.record_event(WarmTemplateStarted(cycle=cycle, pid=self.template.pid))
         return True
 
     def resolve_workers(self, stand_ins: dict[int, int], timeout: float = RESOLVE_TIMEOUT) -> dict[int, int]:

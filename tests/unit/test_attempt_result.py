@@ -6,14 +6,15 @@ import io
 
 from launcher.attempt_result import check_result_path, write_result
 from launcher.events import EventLog
+from launcher.records import CycleStart, Failure
 
 
 def log_with(*cycles: list[dict]) -> EventLog:
     log = EventLog(None, node="here", stream=io.StringIO())
     for number, failures in enumerate(cycles):
-        log.record("cycle_start", cycle=number)
+        log.record_event(CycleStart(cycle=number))
         for failure in failures:
-            log.record("failure", cycle=number, cause="exit code 1", **failure)
+            log.record_event(Failure(cycle=number, cause="exit code 1", **failure))
     return log
 
 

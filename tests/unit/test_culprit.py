@@ -27,6 +27,7 @@ from launcher.culprit import (
 )
 from launcher.events import EventLog
 from launcher.failures import Evidence, Exchanged, failure_records
+from launcher.records import CycleStart, Result
 
 T = 1_700_000_000.0
 ALL_REDUCE = ("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252 all_reduce",
@@ -63,12 +64,14 @@ def state(rank: int, outcome: str, *, at: float | None = None, last: float | Non
     pytest.param([state(0, CRASH, at=T + 0.004), state(1, CRASH, at=T)], 1, id="earliest-crash"),
     # the hung rank waits in a collective for a rank whose own (longer) timeout had not passed:
     # that rank, outside any collective and idle since before, is the root
-    pytest.param([state(0, HANG, at=T + 60, last=T + 0.01, frames=ALL_REDUCE), state(1, STOPPED, last=T, frames=FROZEN)],
+    pytest.param([state(0, HANG, at=T + 60, last=T + 0.01, frames=ALL_REDUCE),
+                  state(1, STOPPED, last=T, frames=FROZEN)],
                  1, id="still-running-rank-holding-up-the-collective"),
     # ... but not when it made progress after the hung rank (it is merely busy), nor without its
     # stack, nor when it waits in a collective too, nor when the hung rank is not in one
     # lockstep: the running rank left the last collective a few ms after the hung rank's next step began
-    pytest.param([state(0, HANG, at=T + 60, last=T, frames=ALL_REDUCE), state(1, STOPPED, last=T + 0.004, frames=FROZEN)],
+    pytest.param([state(0, HANG, at=T + 60, last=T, frames=ALL_REDUCE),
+                  state(1, STOPPED, last=T + 0.004, frames=FROZEN)],
                  1, id="running-rank-idle-since-the-same-moment"),
     pytest.param([state(0, HANG, at=T + 60, last=T, frames=ALL_REDUCE), state(1, STOPPED, last=T + 4.5, frames=FROZEN)],
                  0, id="running-rank-progressed-later"),
@@ -195,7 +198,8 @@ def test_a_root_on_another_node_makes_every_local_rank_collateral():
 
 def test_the_monitors_disconnect_time_dates_a_crash():
     evidence = Evidence(node="n", group_rank=0, exits_seen_at={0: T + 1, 1: T + 1},
-                        reports={0: ProgressReport(disconnected_at=T + 0.9), 1: ProgressReport(disconnected_at=T + 0.5)})
+                        reports={0: ProgressReport(disconnected_at=T + 0.9),
+                                 1: ProgressReport(disconnected_at=T + 0.5)})
     records = failure_records({0: failure(0, 1), 1: failure(1, 1)}, local_ranks={0: 0, 1: 1}, hangs={},
                               stopped_by_us=set(), cycle=0, now=T + 2, evidence=evidence)
     assert [(r.rank, r.role, r.detected_at) for r in records] == [(1, ROOT, T + 0.5), (0, COLLATERAL, T + 0.9)]
@@ -204,10 +208,10 @@ def test_the_monitors_disconnect_time_dates_a_crash():
 def summary_of(records_by_cycle) -> str:
     log = EventLog(None, node="n", stream=io.StringIO())
     for cycle, records in records_by_cycle:
-        log.record("cycle_start", cycle=cycle, since_failure_s=0.5 if cycle else None)
+        log.record_event(CycleStart(cycle=cycle, since_failure_s=0.5 if cycle else None))
         for record in records:
             log.failure(record, "restarting")
-    log.record("result", outcome="succeeded", exit_code=0)
+    log.record_event(Result(outcome="succeeded", exit_code=0))
     return log.summary()
 
 
@@ -275,7 +279,8 @@ def test_several_missing_nodes_are_all_named_the_first_by_group_rank_is_the_root
     pytest.param([state(0, HANG, at=T + 3, last=T, frames=ALL_REDUCE), state(1, HANG, at=T + 3, last=T, frames=FROZEN)],
                  1, id="a-rank-not-in-a-collective"),
     # a still-running rank outside any collective holding the hung one up (rule 3)
-    pytest.param([state(0, HANG, at=T + 60, last=T + 0.01, frames=ALL_REDUCE), state(1, STOPPED, last=T, frames=FROZEN)],
+    pytest.param([state(0, HANG, at=T + 60, last=T + 0.01, frames=ALL_REDUCE),
+                  state(1, STOPPED, last=T, frames=FROZEN)],
                  1, id="a-rank-holding-up-the-collective"),
     # without the candidate's stack nothing says it was waiting: rule 2 stands
     pytest.param([state(0, HANG, at=T + 3, last=T), state(1, HANG, at=T + 3, last=T + 0.5)], 0, id="unknown-stacks"),
@@ -339,7 +344,7 @@ def test_records_and_lines_of_a_lost_node():
         assert record.detail["root_cause"].startswith("node node2 (group rank 1) sent no report within 2.0 s")
     stream = io.StringIO()
     log = EventLog(None, node="node1", stream=stream)
-    log.record("cycle_start", cycle=3)
+    log.record_event(CycleStart(cycle=3))
     for record in records:
         log.failure(record, "restarting")
     line = stream.getvalue().splitlines()[0]

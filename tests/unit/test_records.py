@@ -60,7 +60,7 @@ def test_every_kind_round_trips_through_its_json_line(kind):
 def test_the_envelope_and_the_fields_keep_todays_names_and_order(tmp_path):
     log = EventLog(str(tmp_path / "ft_events.jsonl"), node="n1", stream=io.StringIO(), run_id="r1")
     try:
-        log.record("cycle_start", cycle=0, restart_count=0, warm_start=False)
+        log.record_event(CycleStart(cycle=0, restart_count=0, warm_start=False))
         log.record_event(Result(outcome="succeeded", exit_code=0, cycles=1))
     finally:
         log.close()
@@ -74,54 +74,57 @@ def test_the_envelope_and_the_fields_keep_todays_names_and_order(tmp_path):
 
 def test_a_kind_names_another_process_in_pid_only_when_it_says_so(tmp_path):
     log = EventLog(None, node="n1", stream=io.StringIO())
-    template = log.record("warm_template_started", cycle=0, pid=99)
-    start = log.record("monitors_started", monitor_pids=[1, 2])
+    template = log.record_event(records.WarmTemplateStarted(cycle=0, pid=99))
+    start = log.record_event(records.MonitorsStarted(monitor_pids=[1, 2]))
     assert template.pid == 99 and start.pid not in (None, 99)
     assert "pid" in records.WarmTemplateStarted.field_names()
     assert "pid" not in records.MonitorsStarted.field_names()
 
 
-def test_an_unknown_kind_or_field_is_an_error_where_it_is_written():
-    log = EventLog(None, node="n1", stream=io.StringIO())
-    with pytest.raises(ValueError, match="unknown event record kind 'cycle_begin'"):
-        log.record("cycle_begin", cycle=0)
+def test_a_field_the_kind_lacks_or_a_missing_required_one_is_an_error_where_it_is_written():
     with pytest.raises(TypeError, match="cycel"):
-        log.record("cycle_start", cycel=0)
-    with pytest.raises(TypeError):  # a required field
-        log.record("result", exit_code=0)
-    assert log.records == []
+        CycleStart(cycel=0)
+    with pytest.raises(TypeError, match="outcome"):  # a required field
+        Result(exit_code=0)
 
 
-def _record_calls() -> list[tuple[str, int, str, set[str], bool]]:
-    """Every ``.record("kind", field=...)`` call in the launcher's code: (file, line, kind,
-    keywords, whether it spreads a mapping too)."""
+def _calls(attr: str) -> list[tuple[str, ast.Call]]:
+    """Every call ``X.<attr>(...)`` in the launcher's and ft_core's code: (file:line, the call)."""
     calls = []
-    for path in sorted((REPO / "launcher").rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "record"
-                    and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-                keywords = {k.arg for k in node.keywords if k.arg is not None}
-                spread = any(k.arg is None for k in node.keywords)
-                calls.append((str(path.relative_to(REPO)), node.lineno, node.args[0].value, keywords, spread))
+    for root in ("launcher", "ft_core"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr:
+                    calls.append((f"{path.relative_to(REPO)}:{node.lineno}", node))
     return calls
 
 
-def test_every_record_call_of_the_launcher_names_a_kind_and_its_fields():
-    calls = _record_calls()
-    files = {call[0] for call in calls}
-    assert {"launcher/launch.py", "launcher/agent.py", "launcher/warm/coordinator.py"} <= files, files
-    for path, line, kind, keywords, _ in calls:
-        assert kind in KINDS, f"{path}:{line}: unknown record kind {kind!r}"
-        fields = {f.name for f in dataclasses.fields(KINDS[kind])}
-        assert keywords <= fields, f"{path}:{line}: {kind!r} has no field(s) {sorted(keywords - fields)}"
+def test_records_are_written_one_way_only():
+    # EventLog.record_event(<kind's class>(...)) is the only writer: no kind named by a string
+    assert not hasattr(EventLog, "record") and not hasattr(records, "build")
+    by_string = [where for where, call in _calls("record")
+                 if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str)]
+    assert by_string == []
 
 
-def test_the_warm_templates_ready_report_fits_its_record():
-    # launcher/warm/coordinator.py records the template's ready line with **status
-    status = {"ready": True, "failed_preloads": ["lightning.pytorch"], "cuda_initialized": False}
-    record = records.build("warm_template_ready", cycle=1, pid=5, **status)
-    assert record.failed_preloads == ["lightning.pytorch"]
+def test_every_record_the_launcher_writes_names_its_kinds_fields():
+    # read statically, so that a path the tests rarely take (store_lost, ...) is checked too
+    classes = {cls.__name__: cls for cls in KINDS.values()}
+    written: dict[str, str] = {}
+    for where, call in _calls("record_event"):
+        assert len(call.args) == 1 and not call.keywords, f"{where}: record_event takes one record"
+        built = call.args[0]
+        if not (isinstance(built, ast.Call) and isinstance(built.func, ast.Name) and built.func.id in classes):
+            continue  # a record built elsewhere (the failure records of launcher.events)
+        cls = classes[built.func.id]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        # (the failure record of launcher.events adds its detail with **: its keys are checked at run time)
+        keywords = {k.arg for k in built.keywords if k.arg is not None}
+        assert not built.args, f"{where}: {cls.__name__} takes its fields by name"
+        assert keywords <= fields, f"{where}: {cls.EVENT!r} has no field(s) {sorted(keywords - fields)}"
+        written.setdefault(where.split(":")[0], cls.EVENT)
+    assert {"launcher/launch.py", "launcher/agent.py", "launcher/warm/coordinator.py"} <= set(written), written
 
 
 def test_an_older_record_reads_with_defaults_and_a_newer_ones_extra_fields_are_ignored():
@@ -214,7 +217,8 @@ def test_a_hang_report_keeps_its_wire_keys_and_reads_as_typed_fields():
     assert "world_size" not in wire and "hostname" not in wire  # what the rank did not say is left out
     decoded = messages.decode(wire)
     assert decoded.progress.step == 12 and decoded.stacks.stack_frames == ["/job/train.py:3 f"]
-    assert decoded.get("type") == "rank_hang" and decoded.get("pid") == 5  # the agent's reads, until converted
+    assert isinstance(decoded, messages.RankHang) and decoded.TYPE == "rank_hang" and decoded.pid == 5
+    assert not hasattr(decoded, "get")  # read as attributes, not as a mapping
 
 
 def test_an_older_monitors_hang_report_decodes_and_a_broken_one_is_refused():
@@ -280,9 +284,9 @@ def test_the_root_nodes_of_one_launchers_last_cycle_read_back_from_its_log(tmp_p
     path = tmp_path / "ft_events.jsonl"
     log = EventLog(str(path), node="here", stream=io.StringIO(), run_id="r1")
     try:
-        log.record("cycle_start", cycle=0)
-        log.record("failure", cycle=0, cause="hang: x", cause_kind="hang", role="collateral", root_node="node2")
-        log.record("failure", cycle=0, cause="signal SIGKILL", cause_kind="signal", role="root")
+        log.record_event(CycleStart(cycle=0))
+        log.record_event(Failure(cycle=0, cause="hang: x", cause_kind="hang", role="collateral", root_node="node2"))
+        log.record_event(Failure(cycle=0, cause="signal SIGKILL", cause_kind="signal", role="root"))
     finally:
         log.close()
     mine = [r for r in read_events(path) if r.run_id == "r1" and r.node == "here"]

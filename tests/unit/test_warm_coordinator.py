@@ -64,7 +64,7 @@ def test_readiness_is_recorded_once_and_makes_the_next_cycle_warm(coordinator):
     assert coordinator.before_cycle(2) is True
     ready = [r for r in events.records if r["event"] == "warm_template_ready"]
     assert len(ready) == 1 and ready[0]["cycle"] == 1 and ready[0]["pid"] == coordinator.pid
-    assert ready[0]["failed_preloads"] == [] and ready[0]["cuda_initialized"] is False
+    assert ready[0]["ready"] is True and ready[0]["failed_preloads"] == [] and ready[0]["cuda_initialized"] is False
     assert coordinator.worker_env() == {FT_WARM_TEMPLATE_SOCKET_ENV_VAR: coordinator.template.socket_path}
 
 
