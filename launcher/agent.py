@@ -3,14 +3,19 @@
 The agent reuses torch's template (rendezvous, start, monitor, restart, exit barrier) and only
 overrides its hooks; each hook calls into a unit that owns one concern:
 
-| hook | adds | unit |
-| --- | --- | --- |
-| ``_rendezvous`` | timing; the round's store for the cross-node channel, this node's name in it | :mod:`launcher.store_channel` |
-| ``_start_workers`` | dead or unresponsive monitors replaced, template readiness, monitors told the worker pids, ``cycle_start`` | :mod:`launcher.monitors`, :mod:`launcher.warm.coordinator` |
-| ``_setup_local_watchdog`` | per-rank environment (monitor / control / template sockets, cycle) | |
-| ``_monitor_workers`` | wait for activity; evidence (progress, stacks) then fast stop of survivors; hang causes (a hang fails the cycle whatever the exit status); root and collateral across nodes; control requests; ShutdownWorkload from other nodes; restart policy | :mod:`launcher.incident`, :mod:`launcher.failures`, :mod:`launcher.culprit`, :mod:`launcher.restart_policy`, :mod:`launcher.control_server` |
-| ``_restart_workers`` | "another node restarted" record | |
-| ``_stop_workers`` / ``_shutdown`` | ``--term-timeout`` to the fraction of a second; what workers left behind | :mod:`launcher.processes` |
+- ``_rendezvous``: timing; the round's store for the cross-node channel, this node's name in it
+  (:mod:`launcher.store_channel`).
+- ``_start_workers``: dead or unresponsive monitors replaced, template readiness, monitors told
+  the worker pids, ``cycle_start`` (:mod:`launcher.monitors`, :mod:`launcher.warm.coordinator`).
+- ``_setup_local_watchdog``: per-rank environment (monitor / control / template sockets, cycle).
+- ``_monitor_workers``: wait for activity; evidence (progress, stacks) then fast stop of
+  survivors; hang causes (a hang fails the cycle whatever the exit status); root and collateral
+  across nodes; control requests; ShutdownWorkload from other nodes; restart policy
+  (:mod:`launcher.incident`, :mod:`launcher.failures`, :mod:`launcher.culprit`,
+  :mod:`launcher.restart_policy`, :mod:`launcher.control_server`).
+- ``_restart_workers``: "another node restarted" record.
+- ``_stop_workers`` / ``_shutdown``: ``--term-timeout`` to the fraction of a second; what workers
+  left behind (:mod:`launcher.processes`).
 
 What the agent is doing is one explicit phase (:class:`launcher.agent_phase.AgentPhase`: idle,
 starting, running, failed, waiting, succeeded, shutdown, excluded), changed only through

@@ -58,7 +58,8 @@ def test_restart_policy_and_cfg_path_aliases():
     assert parse("--restart-policy", "min-healthy").ft_param_restart_policy == "min-healthy"
     for flag in ("--fault-tol-cfg-path", "--ft-cfg-path", "--ft_cfg_path"):
         assert parse(flag, "a.yaml").ft_cfg_path == "a.yaml"
-    assert options("--term-timeout", "12.5").term_timeout == 12.5  # parsed by LauncherOptions (echoes bad values as given)
+    # parsed by LauncherOptions (echoes bad values as given)
+    assert options("--term-timeout", "12.5").term_timeout == 12.5
 
 
 def test_precedence_defaults_then_yaml_then_cli(tmp_path):
@@ -67,7 +68,8 @@ def test_precedence_defaults_then_yaml_then_cli(tmp_path):
         "trainer:\n  fault_tolerance:\n    rank_heartbeat_timeout: 50\n"
         "    initial_rank_heartbeat_timeout: 60\n    safety_factor: 3\n"
     )
-    cfg = FaultToleranceConfig.from_args(parse("--ft-cfg-path", str(cfg_file), "--ft-param-rank_heartbeat_timeout", "5"))
+    cfg = FaultToleranceConfig.from_args(
+        parse("--ft-cfg-path", str(cfg_file), "--ft-param-rank_heartbeat_timeout", "5"))
     assert cfg.rank_heartbeat_timeout == 5.0  # CLI beats YAML
     assert cfg.initial_rank_heartbeat_timeout == 60.0  # YAML beats default
     assert cfg.safety_factor == 3.0
