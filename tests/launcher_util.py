@@ -92,3 +92,18 @@ def live_descendants(root: int) -> list[int]:
             found.append(child)
             stack.append(child)
     return found
+
+
+# Fault tolerance options of the graceful-stop and signal tests: generous timeouts (no hang is
+# meant), for a heartbeats front end and for a sections one.
+HEARTBEAT_ARGS = ["--ft-param-initial_rank_heartbeat_timeout", "60", "--ft-param-rank_heartbeat_timeout", "30"]
+SECTION_ARGS = ["--ft-param-initial_rank_heartbeat_timeout", "null", "--ft-param-rank_heartbeat_timeout", "null",
+                "--ft-param-rank_section_timeouts", "setup:60,step:60,checkpointing:60",
+                "--ft-param-rank_out_of_section_timeout", "60"]
+
+
+def signal_whole_job(launcher_pid: int, sig: int) -> None:
+    """Send ``sig`` to the launcher and every live process under it, as slurmstepd does."""
+    for pid in [launcher_pid, *live_descendants(launcher_pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

@@ -15,16 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launcher_util import run_launcher, start_launcher, wait_for
+from tests.launcher_util import HEARTBEAT_ARGS, SECTION_ARGS, run_launcher, start_launcher, wait_for
 
 WORKERS = Path(__file__).resolve().parents[1] / "workers"
 LIGHTNING_WORKER = str(WORKERS / "lightning_train.py")
 LOOP_WORKER = str(WORKERS / "integration_train.py")
 USER_SCRIPT = str(WORKERS / "user_lightning_script.py")
-SECTIONS = ["--ft-param-initial_rank_heartbeat_timeout", "null", "--ft-param-rank_heartbeat_timeout", "null",
-            "--ft-param-rank_section_timeouts", "setup:60,step:60,checkpointing:60",
-            "--ft-param-rank_out_of_section_timeout", "60"]
-HEARTBEATS = ["--ft-param-initial_rank_heartbeat_timeout", "60", "--ft-param-rank_heartbeat_timeout", "30"]
 
 pytestmark = pytest.mark.slow
 
@@ -71,7 +67,7 @@ def test_sigusr1_stops_every_rank_after_the_same_step_with_a_checkpoint_and_the_
     cfg = {"callback": kind, "root": str(root), "ddp": True, "max_steps": 100_000, "step_sleep": 0.02,
            "ckpt_every": 100_000, "resume": True, "report_steps": True,
            "cb": {"autoresume": True, "calculate_timeouts": True, "graceful_stop": True}}
-    ft_args = HEARTBEATS if kind == "heartbeats" else SECTIONS
+    ft_args = HEARTBEAT_ARGS if kind == "heartbeats" else SECTION_ARGS
     proc = start_launcher(launcher_args(tmp_path, *ft_args) + [LIGHTNING_WORKER, json.dumps(cfg)],
                           env={"FAULT_TOL_FINISHED_FLAG_FILE": str(flag)})
     wait_for(lambda: training_reached(root, 5) or proc.poll() is not None, 90, "both ranks training")
@@ -103,8 +99,9 @@ def test_sigterm_to_the_launcher_stops_the_ranks_gracefully_within_the_term_time
     root = tmp_path / "run"
     cfg = {"callback": "heartbeats", "root": str(root), "ddp": True, "max_steps": 100_000, "step_sleep": 0.02,
            "ckpt_every": 100_000, "report_steps": True, "cb": {"autoresume": True, "graceful_stop": True}}
-    proc = start_launcher(launcher_args(tmp_path, *HEARTBEATS, term_timeout=15) + [LIGHTNING_WORKER, json.dumps(cfg)],
-                          env={"FAULT_TOL_FINISHED_FLAG_FILE": str(flag)})
+    proc = start_launcher(
+        launcher_args(tmp_path, *HEARTBEAT_ARGS, term_timeout=15) + [LIGHTNING_WORKER, json.dumps(cfg)],
+        env={"FAULT_TOL_FINISHED_FLAG_FILE": str(flag)})
     wait_for(lambda: training_reached(root, 5) or proc.poll() is not None, 90, "both ranks training")
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)  # the launcher stops its workers with SIGTERM
@@ -129,7 +126,7 @@ def test_sigterm_without_graceful_stop_does_not_count_as_completed_training(tmp_
     root = tmp_path / "run"
     cfg = {"callback": "heartbeats", "root": str(root), "max_steps": 100_000, "step_sleep": 0.02,
            "report_steps": True, "cb": {"autoresume": True}}
-    proc = start_launcher(launcher_args(tmp_path, *HEARTBEATS, nproc=1) + [LIGHTNING_WORKER, json.dumps(cfg)],
+    proc = start_launcher(launcher_args(tmp_path, *HEARTBEAT_ARGS, nproc=1) + [LIGHTNING_WORKER, json.dumps(cfg)],
                           env={"FAULT_TOL_FINISHED_FLAG_FILE": str(flag)})
     wait_for(lambda: training_reached(root, 5, ranks=(0,)) or proc.poll() is not None, 90, "training")
     proc.send_signal(signal.SIGTERM)
@@ -147,7 +144,7 @@ def test_a_signal_to_one_rank_of_a_loop_stops_both_after_the_same_step_and_the_n
     cfg = {"ckpt_dir": str(ckpt), "report_dir": str(tmp_path), "steps": 100_000, "ckpt_every": 100_000,
            "step_sleep": 0.01, "graceful_stop": {"signals": ["SIGUSR1"], "check_interval": 0.2},
            "signal_self": {"rank": 1, "step": 30, "signal": "SIGUSR1"}}
-    result = run_launcher(launcher_args(tmp_path, *SECTIONS) + [LOOP_WORKER, json.dumps(cfg)], timeout=110)
+    result = run_launcher(launcher_args(tmp_path, *SECTION_ARGS) + [LOOP_WORKER, json.dumps(cfg)], timeout=110)
     assert result.returncode == 0, result.stderr[-6000:]
     stopped = {rank: reports(tmp_path, rank, "stopped")[0] for rank in (0, 1)}
     assert stopped[0]["step"] == stopped[1]["step"], stopped
@@ -160,7 +157,7 @@ def test_a_signal_to_one_rank_of_a_loop_stops_both_after_the_same_step_and_the_n
     assert "graceful stop: SIGUSR1 (received by another rank)" in result.stderr
 
     cfg.update(steps=stop_step + 3, signal_self=None)
-    again = run_launcher(launcher_args(tmp_path, *SECTIONS) + [LOOP_WORKER, json.dumps(cfg)], timeout=110)
+    again = run_launcher(launcher_args(tmp_path, *SECTION_ARGS) + [LOOP_WORKER, json.dumps(cfg)], timeout=110)
     assert again.returncode == 0, again.stderr[-6000:]
     assert [reports(tmp_path, rank, "started")[-1]["step"] for rank in (0, 1)] == [stop_step, stop_step]
     assert [reports(tmp_path, rank, "end")[-1]["step"] for rank in (0, 1)] == [stop_step + 3] * 2
@@ -171,7 +168,7 @@ def test_a_signal_to_one_rank_of_a_loop_stops_both_after_the_same_step_and_the_n
 
 def test_a_users_script_without_logging_setup_shows_the_important_lines_once(tmp_path):
     flag = tmp_path / "finished.flag"
-    result = run_launcher(launcher_args(tmp_path, *SECTIONS) + [USER_SCRIPT, str(tmp_path / "run"), "40"],
+    result = run_launcher(launcher_args(tmp_path, *SECTION_ARGS) + [USER_SCRIPT, str(tmp_path / "run"), "40"],
                           timeout=110, env={"FAULT_TOL_FINISHED_FLAG_FILE": str(flag)})
     assert result.returncode == 0, result.stderr[-6000:]
     err = result.stderr
@@ -189,7 +186,7 @@ def test_a_users_script_without_logging_setup_shows_the_important_lines_once(tmp
     assert any(f"created {flag}" in line for line in lines)
     assert not [line for line in lines if line.startswith("[rank 1]")]  # other ranks are quiet at INFO
 
-    quiet = run_launcher(launcher_args(tmp_path, *SECTIONS, "--ft-param-log_level", "WARNING")
+    quiet = run_launcher(launcher_args(tmp_path, *SECTION_ARGS, "--ft-param-log_level", "WARNING")
                          + [USER_SCRIPT, str(tmp_path / "run2"), "20"],
                          timeout=110, env={"FAULT_TOL_FINISHED_FLAG_FILE": str(tmp_path / "flag2")})
     assert quiet.returncode == 0, quiet.stderr[-6000:]

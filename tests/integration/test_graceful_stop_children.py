@@ -10,7 +10,6 @@ serving batches until every rank stops after the same step with a checkpoint.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -18,13 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher_util import live_descendants, start_launcher, wait_for
+from tests.launcher_util import (
+    HEARTBEAT_ARGS,
+    SECTION_ARGS,
+    signal_whole_job,
+    start_launcher,
+    wait_for,
+)
 
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "loader_stop.py")
-HEARTBEATS = ["--ft-param-initial_rank_heartbeat_timeout", "60", "--ft-param-rank_heartbeat_timeout", "30"]
-SECTIONS = ["--ft-param-initial_rank_heartbeat_timeout", "null", "--ft-param-rank_heartbeat_timeout", "null",
-            "--ft-param-rank_section_timeouts", "setup:60,step:60,checkpointing:60",
-            "--ft-param-rank_out_of_section_timeout", "60"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -48,7 +49,7 @@ def test_a_graceful_stop_survives_dataloader_workers(tmp_path, front, delivery):
     cfg = {"front": front, "root": str(root), "loader_workers": 2}
     args = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--monitor-interval", "0.05",
             "--term-timeout", "20", "--ft-event-log", str(tmp_path / "events.jsonl"),
-            *(HEARTBEATS if front == "lightning" else SECTIONS),
+            *(HEARTBEAT_ARGS if front == "lightning" else SECTION_ARGS),
             WORKER, json.dumps(cfg)]
     proc = start_launcher(args, env={"FAULT_TOL_FINISHED_FLAG_FILE": str(tmp_path / "finished.flag")})
     try:
@@ -59,9 +60,7 @@ def test_a_graceful_stop_survives_dataloader_workers(tmp_path, front, delivery):
         if delivery == "launcher":
             proc.send_signal(signal.SIGUSR1)  # ft_launcher passes it to each rank's process group
         else:
-            for pid in [proc.pid, *live_descendants(proc.pid)]:  # as slurmstepd: every process
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGUSR1)
+            signal_whole_job(proc.pid, signal.SIGUSR1)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -12,7 +12,6 @@ one cycle.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -20,14 +19,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher_util import live_descendants, start_launcher, wait_for
+from tests.launcher_util import (
+    HEARTBEAT_ARGS,
+    SECTION_ARGS,
+    signal_whole_job,
+    start_launcher,
+    wait_for,
+)
 
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "finish_then_wait.py")
 
-HEARTBEATS = ["--ft-param-initial_rank_heartbeat_timeout", "60", "--ft-param-rank_heartbeat_timeout", "30"]
-SECTIONS = ["--ft-param-initial_rank_heartbeat_timeout", "null", "--ft-param-rank_heartbeat_timeout", "null",
-            "--ft-param-rank_section_timeouts", "setup:60,step:60,checkpointing:60",
-            "--ft-param-rank_out_of_section_timeout", "60"]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -53,7 +54,7 @@ def test_a_stop_signal_after_the_training_ended_does_not_fail_the_ranks(tmp_path
     log = tmp_path / "events.jsonl"
     args = ["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--monitor-interval", "0.05",
             "--term-timeout", "20", "--ft-event-log", str(log),
-            *(HEARTBEATS if front == "lightning" else SECTIONS),
+            *(HEARTBEAT_ARGS if front == "lightning" else SECTION_ARGS),
             WORKER, json.dumps({"front": front, "root": str(root)})]
     proc = start_launcher(args, env={"FAULT_TOL_FINISHED_FLAG_FILE": str(tmp_path / "finished.flag")})
     try:
@@ -64,9 +65,7 @@ def test_a_stop_signal_after_the_training_ended_does_not_fail_the_ranks(tmp_path
             proc.send_signal(signal.SIGUSR1)  # ft_launcher passes it to each rank's process group
             wait_for(lambda: events(log, "signal_forwarded"), 30, "the launcher to pass SIGUSR1 on")
         else:
-            for pid in [proc.pid, *live_descendants(proc.pid)]:  # as slurmstepd: every process
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGUSR1)
+            signal_whole_job(proc.pid, signal.SIGUSR1)
         (root / "release").write_text("")
         out, err = proc.communicate(timeout=120)
     finally:
