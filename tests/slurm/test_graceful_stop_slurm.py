@@ -86,7 +86,10 @@ def test_walltime_warning_stops_restarted_workers_gracefully_and_the_requeued_jo
     stops = [reports(root, rank, "exception", 1)[0] for rank in (0, 1)]
     assert all("GracefulStopExit" in s["exc"] and "SIGUSR1" in s["text"] for s in stops), stops
     stop_step = stops[0]["global_step"]
-    assert stops[1]["global_step"] == stop_step and stop_step > CRASH_STEP
+    # Cycle 1 resumed from the last periodic checkpoint (before CRASH_STEP); when SLURM's warning
+    # comes is up to its periodic check, so the stop may come before or after CRASH_STEP, but always
+    # after the restarted ranks trained some steps.
+    assert stops[1]["global_step"] == stop_step and stop_step > restarted[0]["global_step"], (stops, restarted)
     for rank in (0, 1):
         assert reports(root, rank, "save", 1)[-1]["global_step"] == stop_step
         assert max(r["global_step"] for r in reports(root, rank, "step", 1)) <= stop_step
