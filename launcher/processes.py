@@ -13,7 +13,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ft_core.wire.procfs import ProcStat, list_processes
+from ft_core.wire.env import FT_LAUNCHER_RUN_ENV_VAR
+from ft_core.wire.procfs import ProcStat, list_processes, read_stat
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +136,16 @@ class WorkerProcesses:
 
     # ------------------------------------------------------------------ signals for the workers
 
-    def route(self, sig: signal.Signals, job_wide: bool) -> tuple[list[int], list[int]]:
+    def route(self, sig: signal.Signals, job_wide: bool,
+              received_at: float | None = None) -> tuple[list[int], list[int]]:
         """Pass ``sig`` on to the workers that need it from the launcher; queue it for the rest.
 
         Args:
             sig: A signal the launcher received.
             job_wide: The workers' processes got ``sig`` themselves (see launcher.signals).
+            received_at: When the launcher received it (monotonic; None: now). A worker started
+                since was not there for it: it gets it once connected to its monitor, as a
+                restart's next worker does, even when it was sent to the whole job.
 
         Returns:
             The worker pids signalled now, and the local ranks it was queued for.
@@ -150,9 +155,14 @@ class WorkerProcesses:
             for local_rank, queue in sorted(self._queued.items()):
                 worker = self._workers.get(local_rank)
                 if worker is not None and worker.state != STOPPING and self._alive(worker):
+                    late = received_at is not None and worker.started_at > received_at
+                    if late and worker.state != READY:  # started while the launcher decided
+                        queue.append(sig)
+                        queued.append(local_rank)
+                        continue
                     # A live worker got a job-wide signal itself; one for the launcher alone it
                     # gets now (as from torchrun, even while it starts up).
-                    if not job_wide and self._signal_worker(worker, sig):
+                    if (late or not job_wide) and self._signal_worker(worker, sig):
                         sent.append(worker.worker_pid)
                     continue
                 queue.append(sig)
@@ -365,35 +375,112 @@ def descendants(root: int, procs: Iterable[ProcStat]) -> set[int]:
     return found
 
 
-def kill_leftovers(worker_pids: list[int], keep: set[int], keep_alone: set[int] | None = None) -> set[int]:
+def kill_leftovers(worker_pids: list[int], keep: set[int], keep_alone: set[int] | None = None,
+                   token: str | None = None) -> set[int]:
     """SIGKILL what workers left behind, and reap the ones re-parented to us.
 
     Leftovers are processes in a worker's session (workers start their own) and descendants of
-    this launcher, except the processes in ``keep`` (the monitors) with their descendants and
-    those in ``keep_alone`` (the warm template, whose children are workers) without them.
+    this launcher, except the processes in ``keep`` (the monitors) with their descendants, those
+    in ``keep_alone`` (the warm template, whose children are workers) without them, and the
+    launcher's helpers (:func:`set_helper`).
+
+    A candidate is killed only once a pidfd pins it and it is still ours (:func:`_kill_if_ours`):
+    it carries the run token or descends from this launcher. A recorded session id alone proves
+    nothing: the worker that led the session may have been reaped and its pid, now a session id
+    again, taken by another user's process.
+
+    Args:
+        token: The run token (``FT_LAUNCHER_RUN``); by default this process's own.
 
     Returns:
         The pids that were killed.
     """
     procs = list_processes()
     me = os.getpid()
-    protected = set(keep) | set(keep_alone or ())
+    token = os.environ.get(FT_LAUNCHER_RUN_ENV_VAR) if token is None else token
+    needle = f"{FT_LAUNCHER_RUN_ENV_VAR}={token}".encode() if token else None
+    protected = set(keep) | set(keep_alone or ()) | _helper_pids()
     for pid in keep:
         protected |= descendants(pid, procs)
     sessions = set(worker_pids)
-    victims = {
-        info.pid for info in procs
-        if info.alive and info.pid != me and info.pid not in protected
-        and info.sid in sessions
-    }
-    victims |= {pid for pid in descendants(me, procs) if pid not in protected}
+    candidates = {info.pid for info in procs
+                  if info.alive and info.pid != me and info.pid not in protected and info.sid in sessions}
+    candidates |= {pid for pid in descendants(me, procs) if pid not in protected}
     live = {info.pid for info in procs if info.alive}
-    victims &= live
-    for pid in victims:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+    verdicts = {pid: _kill_if_ours(pid, me, needle) for pid in candidates & live}
+    victims = {pid for pid, killed in verdicts.items() if killed}
+    spared = sorted(pid for pid, killed in verdicts.items() if killed is False)
+    if spared:
+        logger.warning("not killing %s: in a recorded worker session, but not of this run (a reused pid?)", spared)
     _reap_orphans(victims | {info.pid for info in procs if info.ppid == me and info.state == "Z"}, protected)
     return victims
+
+
+_helpers: dict[str, int] = {}  # name -> current pid; the sentinel's watcher thread sets it
+_helpers_lock = threading.Lock()
+
+
+def set_helper(name: str, pid: int) -> None:
+    """Record the current pid of a launcher helper that is started again when it dies (the
+    sentinel): :func:`kill_leftovers` never kills it, whoever calls it (callers that were told
+    the first pid only included)."""
+    with _helpers_lock:
+        _helpers[name] = pid
+
+
+def _helper_pids() -> set[int]:
+    with _helpers_lock:
+        return set(_helpers.values())
+
+
+def _kill_if_ours(pid: int, me: int, needle: bytes | None) -> bool | None:
+    """SIGKILL ``pid`` through a pidfd if it is a process of this run.
+
+    The checks read ``/proc/<pid>`` after the pidfd was taken: if the pinned process was reaped
+    meanwhile and its pid reused, the newcomer was checked, but the signal goes to the pinned
+    process and fails (ESRCH); either way no process that is not ours is signalled.
+
+    Returns:
+        True if it was signalled, False if it is not ours, None if it is gone.
+    """
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        return None
+    try:
+        if not (_descends_from(pid, me) or (needle is not None and _carries(pid, needle))):
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        return True
+    except ProcessLookupError:  # exited meanwhile
+        return None
+    except OSError:  # not ours to signal (EPERM)
+        return False
+    finally:
+        os.close(pidfd)
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    """``pid``'s parent chain, read now, leads to ``ancestor``."""
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        stat = read_stat(pid)
+        if stat is None:
+            return False
+        if stat.ppid == ancestor:
+            return True
+        pid = stat.ppid
+    return False
+
+
+def _carries(pid: int, needle: bytes) -> bool:
+    """``pid``'s environment holds ``needle`` (``NAME=value``); False if it is unreadable."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as stream:
+            return needle in stream.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def _reap_orphans(pids: set[int], protected: set[int]) -> None:

@@ -23,6 +23,9 @@ three jobs:
    run-directory lock) stay open until that clean-up is done, so a second loop cannot take the
    run directory while anything of the first run lives.
 
+If the sentinel dies before the launcher is done, the launcher notices (the sentinel is its
+child: :class:`Sentinel` watches its pidfd) and starts another one.
+
 Processes that scrub their environment (``env -i``) or leave the user's reach (``setuid``
 programs, ``systemd-run``, ``ssh``) cannot be found this way (docs/launcher.md says so).
 
@@ -34,7 +37,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
+import select
 import selectors
 import shutil
 import signal
@@ -42,18 +47,29 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 SCRIPT = os.path.abspath(__file__)
 SWEEP_TIMEOUT = 5.0
 BYE = b"bye\n"
+RESTART_INTERVAL = 1.0
+"""Seconds between two starts of the sentinel at least (when it dies, it is started again)."""
+
+logger = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------------------- the launcher's handle
 
 
 class Sentinel:
-    """The launcher's handle on its sentinel process.
+    """The launcher's handle on its sentinel process, which it starts again when it dies.
+
+    A sentinel that dies before the launcher is done (SIGKILLed by a user or the OOM killer)
+    would take its duties with it: job-wide signals would look like the launcher's own (and
+    reach each worker twice), and a later SIGKILL of the launcher would leave the workers'
+    double-forked daemons running. A watcher thread waits on the sentinel's pidfd and starts a
+    new one at once (at most one per :data:`RESTART_INTERVAL`), with the same arguments; it
+    tells ``on_start`` each new pid (the launcher keeps its leftover clean-up off it).
 
     Args:
         run_dir: The launcher's run directory (removed by the sentinel if the launcher dies).
@@ -61,10 +77,11 @@ class Sentinel:
         token: Its value for this run (the launcher's environment must carry it already).
         signals: The signals to witness.
         keep_fds: Inherited descriptors the sentinel holds until the run is cleaned up.
+        on_start: Called with the pid of each sentinel started (the first one included).
     """
 
     def __init__(self, run_dir: str, token_var: str, token: str, signals: Iterable[int],
-                 keep_fds: Iterable[int] = ()) -> None:
+                 keep_fds: Iterable[int] = (), on_start: Callable[[int], None] | None = None) -> None:
         self._args = [
             sys.executable, "-I", "-S", SCRIPT, "--launcher-pid", str(os.getpid()), "--token", token,
             "--token-var", token_var, "--run-dir", run_dir,
@@ -74,26 +91,97 @@ class Sentinel:
         for fd in self._keep_fds:
             self._args += ["--keep-fd", str(fd)]
         self._signals = tuple(int(s) for s in signals)
+        self._on_start = on_start
+        self._lock = threading.RLock()  # the process and its reports: the watcher replaces them
         self._process: subprocess.Popen[bytes] | None = None
+        self._pidfd: int | None = None
+        self._started_at = 0.0
+        self._finishing = False
+        self._wake_r, self._wake_w = -1, -1
+        self._watcher: threading.Thread | None = None
         self._buffer = b""
         self._reports: list[tuple[int, int, int, float]] = []  # (signo, sender, si_code, when)
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None else None
+        """The current sentinel's pid (a new one after a restart)."""
+        process = self._process
+        return process.pid if process is not None else None
 
     def start(self) -> None:
-        """Start the sentinel with the witnessed signals blocked from its first instruction."""
+        """Start the sentinel with the witnessed signals blocked from its first instruction, and
+        the watcher that starts it again if it dies."""
+        with self._lock:
+            self._spawn()
+        self._wake_r, self._wake_w = os.pipe()
+        self._watcher = threading.Thread(target=self._watch, name="ft-sentinel-watch", daemon=True)
+        self._watcher.start()
+
+    def _spawn(self) -> None:
+        """Start a sentinel process (the caller holds ``_lock``)."""
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, self._signals)
         try:
-            self._process = subprocess.Popen(
+            process = subprocess.Popen(
                 self._args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=self._keep_fds,
                 start_new_session=True,  # where the workers are: not in the launcher's group
             )
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-        assert self._process.stdout is not None
-        os.set_blocking(self._process.stdout.fileno(), False)
+        assert process.stdout is not None
+        os.set_blocking(process.stdout.fileno(), False)
+        self._process, self._buffer, self._started_at = process, b"", time.monotonic()
+        try:
+            self._pidfd = os.pidfd_open(process.pid)
+        except OSError:  # no pidfds (Linux < 5.3): its death goes unnoticed, as before
+            self._pidfd = None
+        if self._on_start is not None:
+            self._on_start(process.pid)
+
+    def _watch(self) -> None:
+        """Watcher thread: start a new sentinel whenever the current one dies, until :meth:`finish`."""
+        while True:
+            pidfd = self._pidfd
+            if pidfd is None:
+                return
+            with selectors.DefaultSelector() as selector:
+                selector.register(pidfd, selectors.EVENT_READ)
+                selector.register(self._wake_r, selectors.EVENT_READ)
+                ready = {key.fd for key, _ in selector.select()}
+            if self._wake_r in ready or self._finishing:
+                return
+            # Do not spin if sentinels die as soon as they start.
+            wait = RESTART_INTERVAL - (time.monotonic() - self._started_at)
+            if wait > 0 and select.select([self._wake_r], [], [], wait)[0]:
+                return
+            with self._lock:
+                if self._finishing:
+                    return
+                self._replace()
+
+    def _replace(self) -> None:
+        """The sentinel died: keep its last reports, start another (the caller holds ``_lock``)."""
+        process = self._process
+        assert process is not None
+        status = process.wait()  # it has exited (its pidfd is readable): reaps at once
+        self._read_reports()
+        if process.stdout is not None:
+            process.stdout.close()
+        if process.stdin is not None:
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        how = f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit code {status}"
+        try:
+            self._spawn()
+        except OSError:
+            logger.exception("the sentinel (pid %s) died (%s) and cannot be started again: job-wide signals "
+                             "count as the launcher's own and a SIGKILL of the launcher leaves its run behind",
+                             process.pid, how)
+            return
+        logger.warning("the sentinel (pid %s) died (%s); started a new one (pid %s)", process.pid, how,
+                       self.pid)
 
     def saw(self, sig: int, received_at: float, window: float) -> bool:
         """Whether the sentinel got ``sig`` too, around ``received_at`` (monotonic seconds).
@@ -108,41 +196,57 @@ class Sentinel:
         deadline = received_at + window
         pending_seen = False
         while True:
-            self._read_reports()
-            for index, (signo, _sender, _code, when) in enumerate(self._reports):
-                if signo == sig and received_at - window <= when <= deadline:
-                    del self._reports[index]
-                    return True
-            pending_seen = pending_seen or self._pending(sig)
+            with self._lock:
+                self._read_reports()
+                for index, (signo, _sender, _code, when) in enumerate(self._reports):
+                    if signo == sig and received_at - window <= when <= deadline:
+                        del self._reports[index]
+                        return True
+                pending_seen = pending_seen or self._pending(sig)
+                stdout = self._process.stdout
             now = time.monotonic()
             if now >= deadline:
                 return pending_seen
-            with selectors.DefaultSelector() as selector:
-                assert self._process.stdout is not None
-                selector.register(self._process.stdout, selectors.EVENT_READ)
+            # The watcher may close this pipe meanwhile (a new sentinel): then just look again.
+            with contextlib.suppress(OSError, ValueError), selectors.DefaultSelector() as selector:
+                assert stdout is not None
+                selector.register(stdout, selectors.EVENT_READ)
                 selector.select(min(deadline - now, 0.05))
 
     def finish(self, timeout: float = SWEEP_TIMEOUT + 2.0) -> None:
         """Tell the sentinel the launcher is done (it sweeps once more and exits) and wait."""
-        if self._process is None:
+        with self._lock:
+            self._finishing = True  # no new sentinel from here on
+            process = self._process
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
+        if self._watcher is not None:
+            self._watcher.join(timeout)
+        if process is None:
             return
-        assert self._process.stdin is not None
+        assert process.stdin is not None
         with contextlib.suppress(OSError, ValueError):  # ValueError: closed already
-            self._process.stdin.write(BYE)
-            self._process.stdin.flush()
+            process.stdin.write(BYE)
+            process.stdin.flush()
         with contextlib.suppress(OSError, ValueError):
-            self._process.stdin.close()
+            process.stdin.close()
         try:
-            self._process.wait(timeout)
+            process.wait(timeout)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait(timeout)
-        if self._process.stdout is not None:
-            self._process.stdout.close()
+            process.kill()
+            process.wait(timeout)
+        if process.stdout is not None:
+            process.stdout.close()
+        for fd in (self._pidfd, self._wake_r, self._wake_w):
+            if fd is not None and fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._pidfd, self._wake_r, self._wake_w = None, -1, -1
 
     def _read_reports(self) -> None:
         assert self._process is not None and self._process.stdout is not None
-        with contextlib.suppress(BlockingIOError, OSError):
+        with contextlib.suppress(BlockingIOError, OSError, ValueError):
             while chunk := os.read(self._process.stdout.fileno(), 4096):
                 self._buffer += chunk
         *lines, self._buffer = self._buffer.split(b"\n")
