@@ -34,14 +34,33 @@ from launcher import exit_codes
 from launcher.options import (
     DEFAULT_WORKERS_STOP_TIMEOUT,
     SOURCE_DEFAULT,
+    SPELLINGS_ATTR,
     LauncherOptions,
     UsageError,
+    check_config_options,
     config_sources,
     torchrun_default,
 )
 from launcher.warm.coordinator import DEFAULT_PRELOAD, START_DELAY
 
 logger = logging.getLogger("launcher")
+
+
+class _StoreSpelled(argparse.Action):
+    """Store the value, and record the option string the user typed (:data:`SPELLINGS_ATTR`).
+
+    argparse keeps only the destination; the effective-config lines and error messages name the
+    option as typed (a user of the reference types ``--ft-initial-rank-heartbeat-timeout``, and
+    would not recognise ``--ft-param-initial_rank_heartbeat_timeout``).
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        spellings = dict(getattr(namespace, SPELLINGS_ATTR, {}))  # a copy: never a shared default
+        spellings[self.dest] = option_string
+        setattr(namespace, SPELLINGS_ATTR, spellings)
+
 
 def _flag_spellings(field: str) -> list[str]:
     dashed = field.replace("_", "-")
@@ -83,12 +102,12 @@ def get_args_parser() -> argparse.ArgumentParser:
         "Each --ft-param-<field> is also accepted as --ft-<field>, with '-' or '_'.",
     )
     group.add_argument(
-        "--fault-tol-cfg-path", "--fault_tol_cfg_path", "--ft-cfg-path", "--ft_cfg_path",
+        "--fault-tol-cfg-path", "--fault_tol_cfg_path", "--ft-cfg-path", "--ft-cfg_path", "--ft_cfg_path",
         dest="ft_cfg_path", default=None, metavar="PATH",
         help="YAML file with a 'fault_tolerance:' section (top level or nested).",
     )
     for field in FaultToleranceConfig.field_names():
-        group.add_argument(*_flag_spellings(field), dest=f"ft_param_{field}", default=None,
+        group.add_argument(*_flag_spellings(field), dest=f"ft_param_{field}", default=None, action=_StoreSpelled,
                            metavar=FaultToleranceConfig.field_spec(field).metavar,
                            help=FaultToleranceConfig.field_help(field).replace("%", "%%"))
     group.add_argument(
@@ -199,8 +218,9 @@ def effective_config_lines(cfg: FaultToleranceConfig, sources: Mapping[str, str]
 def check_training_script(args: argparse.Namespace) -> None:
     """Refuse a training script that does not exist: every restart would fail the same way.
 
-    A Python script must be a file; with ``--no-python`` the program must be a file or on
-    ``PATH``. A module (``-m``) is not checked (finding it means importing its package).
+    A Python script must be a file; with ``--no-python`` the program must be an executable
+    file, or on ``PATH``. A module (``-m``) is not checked (finding it means importing its
+    package).
 
     Raises:
         ConfigError: Naming the script and the working directory it was looked for in.
@@ -210,6 +230,11 @@ def check_training_script(args: argparse.Namespace) -> None:
         return
     if args.no_python:
         found = os.path.isfile(script) if os.sep in script else shutil.which(script) is not None
+        if found and os.sep in script and not os.access(script, os.X_OK):
+            # torch would start it with execve on every restart: a traceback, not a usage error
+            raise ConfigError(f"training script {script!r} is not executable, and --no-python runs it "
+                              "directly; make it executable (chmod +x), or drop --no-python for a Python "
+                              "script; nothing was started")
     else:
         found = os.path.isfile(script)
     if not found:
@@ -223,7 +248,11 @@ def main(args: list[str] | None = None) -> None:
     parser = get_args_parser()
     ns = parser.parse_args(args)
     _configure_logging(logging.WARNING)  # for warnings while the config is read
+    from launcher.launch_config import check_torchrun_arguments  # imports torch's rendezvous
+
     try:
+        check_torchrun_arguments(ns)
+        check_config_options(ns)
         ft_cfg = FaultToleranceConfig.from_args(ns)
         options = LauncherOptions.from_args(ns)
         sources = config_sources(ns)

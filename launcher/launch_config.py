@@ -27,11 +27,13 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
     DEFAULT_PORT as C10D_DEFAULT_PORT,
 )
-from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config, parse_rendezvous_endpoint
 
-from ft_core.wire.config import ConfigError, parse_seconds, parse_seconds_or_off
+from ft_core.wire.config import MAX_SECONDS, ConfigError, parse_seconds, parse_seconds_or_off
+from ft_core.wire.config_values import short_repr
 from launcher import exit_codes, rendezvous_poll
 from launcher.options import UsageError, torchrun_default
+from launcher.path_checks import directory_problem
 from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
 
 logger = logging.getLogger(__name__)
@@ -109,11 +111,81 @@ def read_launch_config(args: argparse.Namespace, run_dir: str) -> tuple[Any, Any
         check_worker_numbers(config)
     except (ValueError, AssertionError, ConfigError) as err:
         raise UsageError(str(err) or "invalid torchrun arguments") from None
+    except OSError as err:  # torch's log directory (check_torchrun_arguments checked it already)
+        raise UsageError(f"cannot set up the workers' logs (--log-dir): {err}") from None
     finally:
         if temporary_logs:
             args.log_dir = None  # do not advertise the temporary log dir
     ensure_run_id(config)
     return config, entrypoint, entry_args
+
+
+def check_torchrun_arguments(args: argparse.Namespace) -> None:
+    """torchrun's arguments that torch would only trip over once the run started, checked first.
+
+    ``--log-dir`` must be a directory that can be created and written (torch makes it while the
+    workers are set up: a file there was a traceback); ``--rdzv-conf`` must be well formed and
+    its numbers valid (:func:`check_rdzv_conf`). Nothing is created or changed.
+
+    Raises:
+        ConfigError: Naming the option and echoing the value.
+    """
+    if args.log_dir:
+        problem = directory_problem(args.log_dir)
+        if problem:
+            raise ConfigError(f"--log-dir {args.log_dir}: {problem}")
+    try:
+        rdzv_configs = _parse_rendezvous_config(args.rdzv_conf)  # torch's own reading, as torchrun's
+    except ValueError as err:
+        raise ConfigError(f"--rdzv-conf {short_repr(args.rdzv_conf)}: {err}") from None
+    check_rdzv_conf(rdzv_configs)
+
+
+# The numbers of --rdzv-conf that torch's rendezvous backends read as whole numbers (int(), any
+# value it accepts), and what they are: join, last-call, close and heartbeat timeouts of the
+# dynamic (c10d) rendezvous, the store's read timeout, the etcd backend's timeout; how often a
+# node sends its keep-alive (0 or less spun torch's keep-alive thread at 100 % CPU, with no
+# error) and how many it may miss.
+RDZV_WHOLE_NUMBERS = {
+    "join_timeout": "seconds", "last_call_timeout": "seconds", "close_timeout": "seconds",
+    "heartbeat_timeout": "seconds", "read_timeout": "seconds", "timeout": "seconds",
+    "keep_alive_interval": "seconds", "keep_alive_max_attempt": "keep-alives",
+}
+RDZV_BOOLEANS = ("is_host",)
+_TORCH_BOOLEAN_WORDS = ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n")
+
+
+def check_rdzv_conf(rdzv_configs: dict[str, Any]) -> None:
+    """The values of the ``--rdzv-conf`` keys torch's backends and ft_launcher read.
+
+    Each number of :data:`RDZV_WHOLE_NUMBERS` must be a whole number from 1 to
+    :data:`~ft_core.wire.config.MAX_SECONDS` (torch reads them with ``int()``; it refuses some
+    values only once the rendezvous is created and spins on a negative keep-alive interval);
+    ``is_host`` a boolean as torch spells them; ft_launcher's ``poll_interval`` and
+    ``store_lost_timeout`` as their own validators say. Other keys are left to the backend.
+
+    Raises:
+        ConfigError: Naming the key and echoing the value.
+    """
+    for key, raw in rdzv_configs.items():
+        if key in RDZV_WHOLE_NUMBERS:
+            try:
+                number = int(raw)
+            except (TypeError, ValueError):
+                number = 0
+            if not 1 <= number <= MAX_SECONDS:
+                raise ConfigError(f"--rdzv-conf {key}={short_repr(raw)}: must be a whole number of "
+                                  f"{RDZV_WHOLE_NUMBERS[key]} from 1 to {int(MAX_SECONDS)}")
+        elif key in RDZV_BOOLEANS:
+            if str(raw).strip().lower() not in _TORCH_BOOLEAN_WORDS:
+                raise ConfigError(f"--rdzv-conf {key}={short_repr(raw)}: must be true or false (or 1, 0, yes, no)")
+        elif key == rendezvous_poll.POLL_INTERVAL_KEY:
+            try:
+                rendezvous_poll.parse_poll_interval(str(raw))
+            except ValueError as err:
+                raise ConfigError(f"{err} (--rdzv-conf)") from None
+        elif key == STORE_LOST_KEY:
+            parse_seconds_or_off(f"--rdzv-conf {STORE_LOST_KEY}", raw, maximum=86400)
 
 
 def check_worker_numbers(config: Any) -> None:

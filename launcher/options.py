@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,7 @@ from ft_core.wire.config import (
     ConfigError,
     FaultToleranceConfig,
     MissingSectionError,
+    parse_cli_value,
     parse_seconds_or_off,
 )
 from ft_core.wire.env import (
@@ -32,6 +34,7 @@ from ft_core.wire.env import (
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
 )
 from ft_core.wire.reference_options import REFERENCE_ONLY_OPTIONS
+from launcher.path_checks import file_problem
 from launcher.warm.coordinator import DEFAULT_PRELOAD, START_DELAY
 
 DEFAULT_WORKERS_STOP_TIMEOUT = 2.0
@@ -39,6 +42,10 @@ DEFAULT_WORKERS_STOP_TIMEOUT = 2.0
 long before SIGKILL (the reference's default is 30 s: see docs/porting.md)."""
 EVENT_LOG_NAME = "ft_events.jsonl"
 SOURCE_DEFAULT = "default"
+SPELLINGS_ATTR = "option_spellings"
+"""Namespace attribute where :mod:`launcher.cli`'s parser records, per destination, the option
+string the user typed (``--ft-initial-rank-heartbeat-timeout``, ``--ft-param-...``): messages
+and the effective-config lines name an option as it was typed."""
 
 
 class UsageError(Exception):
@@ -131,7 +138,23 @@ class LauncherOptions:
 
 
 def _event_log_default(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The event log path and what chose it (see :attr:`LauncherOptions.event_log`)."""
+    """The event log path and what chose it (see :attr:`LauncherOptions.event_log`).
+
+    Raises:
+        ConfigError: The event log could not be written there (a directory, a path through a
+            file, no permission); the message names the option or variable that chose it.
+    """
+    path, source = _event_log_choice(args, environ)
+    if path is not None:
+        # as launcher.events.EventLog will open it
+        problem = file_problem(path.replace("{node}", socket.gethostname()))
+        if problem:
+            given = f"{source} {args.log_dir}" if source == "--log-dir" else f"{source} {path}"
+            raise ConfigError(f"the event log cannot be written ({given}): {problem}")
+    return path, source
+
+
+def _event_log_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str]:
     if args.ft_event_log:
         return args.ft_event_log, "--ft-event-log"
     if environ.get(FT_LAUNCHER_EVENT_LOG_ENV_VAR):
@@ -143,12 +166,52 @@ def _event_log_default(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     return None, ""
 
 
+def typed_flag(args: argparse.Namespace, dest: str, fallback: str) -> str:
+    """The option string the user typed for destination ``dest``, else ``fallback``.
+
+    ``fallback`` serves namespaces not built by :mod:`launcher.cli`'s parser (the reference's
+    attribute names, tests).
+    """
+    return getattr(args, SPELLINGS_ATTR, {}).get(dest, fallback)
+
+
+def check_config_options(args: argparse.Namespace) -> None:
+    """Validate every ``--ft-param-*`` value given, naming the option as the user typed it (and
+    its ``--ft-param-<field>`` name when that differs).
+
+    An empty value is refused: the field's parser reads ``""`` as ``null``, which turns the
+    check off (``--ft-param-rank_heartbeat_timeout ""``, an unset shell variable), so the user
+    must write ``null`` to mean that.
+
+    Raises:
+        ConfigError: An empty or invalid value; the message names the option and the value.
+    """
+    for field in FaultToleranceConfig.field_names():
+        dest = f"ft_param_{field}"
+        raw = getattr(args, dest, None)
+        if not isinstance(raw, str):
+            continue
+        flag = typed_flag(args, dest, f"--ft-param-{field}")
+        if not raw.strip():
+            spec = FaultToleranceConfig.field_spec(field)
+            null = " (null for no limit)" if spec.metavar == "SECONDS" and "null" in spec.accepts else ""
+            raise ConfigError(f"{flag}={raw!r}: an empty value; give a value{null}, or leave the option out "
+                              "for the default")
+        try:
+            parse_cli_value(field, raw)
+        except ConfigError as err:
+            canonical = f"--ft-param-{field}"
+            also = "" if flag == canonical else f" ({canonical})"
+            raise ConfigError(f"{flag}={raw!r}{also}: {err}") from None
+
+
 def config_sources(args: argparse.Namespace) -> dict[str, str]:
     """Where each config field's effective value comes from.
 
     Returns:
-        Field name -> ``"command line --ft-param-<field>"``, ``"file <path>"`` or
-        ``"default"``, by the precedence of :meth:`FaultToleranceConfig.from_args`.
+        Field name -> ``"command line <option as typed>"`` (e.g. ``--ft-param-<field>``),
+        ``"file <path>"`` or ``"default"``, by the precedence of
+        :meth:`FaultToleranceConfig.from_args`.
 
     Raises:
         ConfigError: As :meth:`FaultToleranceConfig.from_args` (the YAML file cannot be read).
@@ -162,7 +225,7 @@ def config_sources(args: argparse.Namespace) -> dict[str, str]:
     sources = {}
     for field in FaultToleranceConfig.field_names():
         if getattr(args, f"ft_param_{field}", None) is not None or getattr(args, f"ft_{field}", None) is not None:
-            sources[field] = f"command line --ft-param-{field}"
+            sources[field] = f"command line {typed_flag(args, f'ft_param_{field}', f'--ft-param-{field}')}"
         elif field in in_file:
             sources[field] = f"file {args.ft_cfg_path}"
         else:

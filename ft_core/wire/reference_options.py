@@ -142,6 +142,51 @@ REFERENCE_ONLY_OPTIONS: tuple[ReferenceOnlyOption, ...] = (
 
 BY_NAME: dict[str, ReferenceOnlyOption] = {option.name: option for option in REFERENCE_ONLY_OPTIONS}
 
+REFERENCE_LAUNCHER_OPTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # torchrun's options, as the reference's parser spells them
+    ("nnodes", ("--nnodes",)),
+    ("nproc_per_node", ("--nproc-per-node", "--nproc_per_node")),
+    ("rdzv_backend", ("--rdzv-backend", "--rdzv_backend")),
+    ("rdzv_endpoint", ("--rdzv-endpoint", "--rdzv_endpoint")),
+    ("rdzv_id", ("--rdzv-id", "--rdzv_id")),
+    ("rdzv_conf", ("--rdzv-conf", "--rdzv_conf")),
+    ("standalone", ("--standalone",)),
+    ("max_restarts", ("--max-restarts", "--max_restarts")),
+    ("term_timeout", ("--term-timeout", "--term_timeout")),
+    ("workers_stop_timeout", ("--workers-stop-timeout", "--workers_stop_timeout")),
+    ("monitor_interval", ("--monitor-interval", "--monitor_interval")),
+    ("start_method", ("--start-method", "--start_method")),
+    ("role", ("--role",)),
+    ("module", ("-m", "--module")),
+    ("no_python", ("--no-python", "--no_python")),
+    ("run_path", ("--run-path", "--run_path")),
+    ("log_dir", ("--log-dir", "--log_dir")),
+    ("redirects", ("-r", "--redirects")),
+    ("tee", ("-t", "--tee")),
+    ("local_ranks_filter", ("--local-ranks-filter", "--local_ranks_filter")),
+    ("node_rank", ("--node-rank", "--node_rank")),
+    ("master_addr", ("--master-addr", "--master_addr")),
+    ("master_port", ("--master-port", "--master_port")),
+    ("local_addr", ("--local-addr", "--local_addr")),
+    ("logs_specs", ("--logs-specs", "--logs_specs")),
+    # fault tolerance: ft_<field> is a config field (ours: --ft-param-<field> and these spellings)
+    ("ft_cfg_path", ("--ft-cfg-path", "--ft-cfg_path", "--fault-tol-cfg-path")),
+    *((f"ft_{field}", (f"--ft-{field.replace('_', '-')}", f"--ft-{field}", f"--ft-param-{field}"))
+      for field in ("workload_check_interval", "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout",
+                    "node_health_check_interval", "safety_factor", "rank_termination_signal", "log_level",
+                    "rank_out_of_section_timeout", "rank_section_timeouts", "restart_check_interval")),
+    ("ft_restart_policy", ("--ft-restart-policy", "--ft-restart_policy", "--restart-policy", "--restart_policy")),
+    *((f"ft_{name}", (f"--ft-{name.replace('_', '-')}", f"--ft-{name}", f"--ft-param-{name.replace('_', '-')}",
+                      f"--ft_param_{name}"))
+      for name in ("enable_nic_monitor", "pci_topo_file", "link_down_path_template")),
+    ("ft_ignore_missing_cfg", ("--ignore-missing-fault-tol-cfg",)),
+)
+"""Every option of the reference's ``ft_launcher --help`` (nvidia-resiliency-ext 0.4.1): its
+destination there and its spellings. ``ft_launcher`` accepts each spelling with the same meaning
+(a torchrun option, a config field's ``--ft-param-*``, an option of
+:data:`REFERENCE_ONLY_OPTIONS`, ``--ft-ignore-missing-cfg``);
+``tests/integration/test_bad_input.py`` checks it against the parser."""
+
 
 def check(option: ReferenceOnlyOption, value: Any, where: str) -> str:
     """Judge one value of a reference-only option.
@@ -164,8 +209,8 @@ def check(option: ReferenceOnlyOption, value: Any, where: str) -> str:
             f"{where}={short_repr(value)} asks for {option.feature}, which ptl-resiliency does not have; "
             "remove the option (see 'porting from the reference' in docs/porting.md)"
         )
-    return (f"ignoring {where}={short_repr(value)}: ptl-resiliency has no {option.feature} "
-            "(the value asks for nothing, so the run is unaffected)")
+    return (f"ignoring {where}={short_repr(value)}: an option of nvidia-resiliency-ext for {option.feature}; "
+            "ptl-resiliency has no such setting, and the value asks for nothing, so the run is unaffected")
 
 
 def take_from(values: Mapping[str, Any], where: str) -> dict[str, Any]:

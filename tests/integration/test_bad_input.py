@@ -299,3 +299,171 @@ def test_a_tmpdir_too_deep_for_socket_paths_falls_back_to_tmp(tmp_path):
         assert os.listdir(tmpdir) == []  # and nothing was put in the deep TMPDIR either
     finally:
         shutil.rmtree(deep, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------- the launcher's own input
+
+# Runs each ft_launcher command line of a JSON list in a process of its own, forked from one
+# interpreter that imported the launcher (and torch) once: each case is a real ft_launcher process
+# (its entry point, environment, working directory, TMPDIR, exit code and stderr of its own, and
+# whatever it starts), without paying torch's import per case. A case still running after its
+# deadline is killed with its process group and reported as timed out.
+FORKED_LAUNCHERS = r"""
+import json, os, signal, sys, tempfile, time, traceback
+import launcher.cli
+
+results = []
+for case in json.load(open(sys.argv[1])):
+    started = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.environ["TMPDIR"] = case["tmpdir"]
+        tempfile.tempdir = None  # torch's import may have cached the server's
+        os.chdir(case["cwd"])
+        out = os.open(case["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        code = 1
+        try:
+            launcher.cli.main(case["argv"])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except BaseException:
+            traceback.print_exc()  # as the interpreter does for python -m launcher
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    rc = None
+    while time.monotonic() - started < case["timeout"]:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            rc = os.waitstatus_to_exitcode(status)
+            break
+        time.sleep(0.02)
+    if rc is None:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    results.append({"rc": rc, "seconds": round(time.monotonic() - started, 2)})
+print(json.dumps(results))
+"""
+
+
+def run_launchers(tmp_path: Path, cases: dict[str, list[str]], timeout: float = 20.0) -> dict[str, dict]:
+    """Run ``ft_launcher ARGV`` for each case (see :data:`FORKED_LAUNCHERS`), each with a TMPDIR of
+    its own; returns per case its exit code (None: killed after ``timeout``), stderr and the
+    entries its TMPDIR holds afterwards."""
+    from tests.launcher_util import launcher_env
+
+    specs = []
+    for name, argv in cases.items():
+        (tmp_path / f"tmp-{name}").mkdir()
+        specs.append({"argv": argv, "tmpdir": str(tmp_path / f"tmp-{name}"), "cwd": str(tmp_path),
+                      "stderr": str(tmp_path / f"{name}.stderr"), "timeout": timeout})
+    (tmp_path / "cases.json").write_text(json.dumps(specs))
+    out = subprocess.run([sys.executable, "-c", FORKED_LAUNCHERS, str(tmp_path / "cases.json")],
+                         env=launcher_env(), capture_output=True, text=True, timeout=60 + timeout * len(cases))
+    assert out.returncode == 0, out.stderr
+    results = json.loads(out.stdout.splitlines()[-1])
+    return {name: {**result, "stderr": Path(spec["stderr"]).read_text(), "tmpdir": os.listdir(spec["tmpdir"])}
+            for name, result, spec in zip(cases, results, specs, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def launcher_runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """Every launcher case of the tests below, run once (one import of torch for all of them)."""
+    tmp_path = tmp_path_factory.mktemp("launcher-input")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory\n")
+    (tmp_path / "big.yaml").write_text("fault_tolerance:\n  rank_heartbeat_timeout: " + "9" * 5000 + "\n")
+    (tmp_path / "job.sh").write_text("#!/bin/sh\nexit 0\n")  # not executable
+    (tmp_path / "ft.yaml").write_text("fault_tolerance:\n  rank_heartbeat_timeout: 30\n")
+    (tmp_path / "records").mkdir()
+    (tmp_path / "reference").mkdir()
+    base = ["--standalone", "--nproc-per-node", "1", "--no-warm-restarts", "--monitor-interval", "0.05"]
+    worker = [WORKER, "--dir", str(tmp_path / "records"), "--steps", "1"]
+    cases = {
+        "event-log-directory": [*base, "--ft-event-log", str(tmp_path), *worker],
+        "event-log-unreachable": [*base, "--ft-event-log", str(a_file / "events.jsonl"), *worker],
+        "log-dir-a-file": [*base, "--log-dir", str(a_file), *worker],
+        "yaml-5000-digits": [*base, "--fault-tol-cfg-path", str(tmp_path / "big.yaml"), *worker],
+        "no-python-not-executable": [*base, "--no-python", str(tmp_path / "job.sh")],
+        "keep-alive-negative": [*base, "--rdzv-conf", "keep_alive_interval=-1",
+                                "--ft-event-log", str(tmp_path / "events.jsonl"), *worker],
+        "rdzv-timeout-not-a-number": [*base, "--rdzv-conf", "timeout=abc", *worker],
+        "empty-heartbeat-timeout": [*base, "--ft-param-rank_heartbeat_timeout", "", *worker],
+        # what a user of the reference types: a real run
+        "reference-spellings": [*base, "--ft-cfg_path", str(tmp_path / "ft.yaml"),
+                                "--ft-initial-rank-heartbeat-timeout", "40", "--ft-restart-check-interval", "5",
+                                WORKER, "--dir", str(tmp_path / "reference"), "--steps", "1"],
+    }
+    return tmp_path, run_launchers(tmp_path, cases, timeout=30)
+
+
+BAD_LAUNCHER_INPUT = {
+    "event-log-directory": ["--ft-event-log {tmp}", "is a directory"],
+    "event-log-unreachable": ["{tmp}/a-file is not a directory"],
+    "log-dir-a-file": ["--log-dir {tmp}/a-file", "is not a directory"],
+    "yaml-5000-digits": ["{tmp}/big.yaml", "line 2", "5000 characters"],
+    "no-python-not-executable": ["{tmp}/job.sh", "is not executable", "--no-python"],
+    "keep-alive-negative": ["--rdzv-conf keep_alive_interval='-1'", "whole number of seconds"],
+    "rdzv-timeout-not-a-number": ["--rdzv-conf timeout='abc'", "whole number"],
+    "empty-heartbeat-timeout": ["--ft-param-rank_heartbeat_timeout=''", "empty", "null"],
+}
+
+
+@pytest.mark.parametrize("case", BAD_LAUNCHER_INPUT)
+def test_bad_launcher_input_is_one_line_exit_2_and_nothing_left(launcher_runs, case):
+    # Issue 21 item 11: each of these was a traceback (exit 1), a silent acceptance, or a
+    # rendezvous spinning at 100 % CPU.
+    tmp_path, results = launcher_runs
+    result = results[case]
+    err = result["stderr"]
+    assert result["rc"] == 2, result
+    assert "Traceback" not in err, err
+    [line] = [line for line in err.splitlines() if "error" in line.lower()]
+    assert line.startswith("ft_launcher: error: "), err
+    for fragment in BAD_LAUNCHER_INPUT[case]:
+        assert fragment.format(tmp=tmp_path) in line, (fragment, line)
+    assert result["tmpdir"] == []  # no run directory left
+    assert not list((tmp_path / "records").iterdir())  # no worker ran
+    if case == "keep-alive-negative":
+        # refused before torch's rendezvous: launcher_start, recorded just before it, never was
+        assert not (tmp_path / "events.jsonl").exists()
+        assert "rendezvous" not in err.replace("--rdzv-conf", "")
+
+
+def test_what_a_user_of_the_reference_types_is_accepted_and_named_as_typed(launcher_runs):
+    # Issue 22 item 5: --ft-cfg_path (the reference's help) was an unrecognized argument; the
+    # effective-config log named --ft-param-initial_rank_heartbeat_timeout for what the user typed
+    # as --ft-initial-rank-heartbeat-timeout; an ignored option's warning read "ptl-resiliency has
+    # no the interval of the in-process restart check".
+    tmp_path, results = launcher_runs
+    result = results["reference-spellings"]
+    err = result["stderr"]
+    assert result["rc"] == 0, err
+    assert f"rank_heartbeat_timeout = 30  (file {tmp_path / 'ft.yaml'})" in err
+    assert "initial_rank_heartbeat_timeout = 40  (command line --ft-initial-rank-heartbeat-timeout)" in err
+    [warning] = [line for line in err.splitlines() if "ignoring --ft-restart-check-interval='5'" in line]
+    assert warning.endswith("ignoring --ft-restart-check-interval='5': an option of nvidia-resiliency-ext for the "
+                            "interval of the in-process restart check; ptl-resiliency has no such setting, and "
+                            "the value asks for nothing, so the run is unaffected"), warning
+    assert (tmp_path / "reference" / "cycle0_rank0.done.json").exists()
+    assert result["tmpdir"] == []
+
+
+def test_every_option_of_the_reference_help_is_accepted_with_its_meaning():
+    # The reference's (nvidia-resiliency-ext 0.4.1) ft_launcher --help, option by option: each
+    # spelling reaches the same setting here (a torchrun option, a config field's --ft-param-*, a
+    # reference-only option, --ft-ignore-missing-cfg).
+    from ft_core.wire.reference_options import REFERENCE_LAUNCHER_OPTIONS
+    from launcher.cli import get_args_parser
+
+    actions = get_args_parser()._option_string_actions
+    fields = set(FaultToleranceConfig.field_names())
+    for dest, flags in REFERENCE_LAUNCHER_OPTIONS:
+        ours = f"ft_param_{dest[3:]}" if dest.startswith("ft_") and dest[3:] in fields else dest
+        for flag in flags:
+            assert flag in actions, f"{flag} is not accepted"
+            assert actions[flag].dest == ours, (flag, actions[flag].dest, ours)
