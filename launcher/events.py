@@ -8,6 +8,13 @@ launcher's run id (``--rdzv-id``, or the random one). Records are appended with 
 closed before the next record. At exit the launcher prints a summary built from the same
 records. ``ft_report`` (:mod:`launcher.report`) reads the file back.
 
+The lock is not taken on the log, which others may read (and a reader can take a shared
+``lockf`` lock, which would block every writer), but on ``<log>.lock``: a file of this user,
+0600, so that no other user can open it, let alone lock it. Neither file is opened through a
+symbolic link, and neither may belong to another user (a usage error at the start). A
+writer waits at most :data:`LOCK_WAIT_S` for the lock (only our own writers hold it, each for
+one write), then writes without it and says so: no record, not even a forced stop's, can hang.
+
 Every record is one of the typed kinds of :mod:`launcher.records`, and :meth:`EventLog.record_event`
 is the one way to write one (``record_event(CycleStart(cycle=0, ...))``): a field the kind does
 not have is an error where the record is built.
@@ -19,11 +26,13 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import json
 import logging
 import os
 import socket
+import stat
 import sys
 import time
 from typing import Any, TextIO, TypeVar
@@ -37,17 +46,27 @@ from launcher.records import CycleStart, EventRecord, Failure, RankEscalated, Re
 logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=EventRecord)
 
-
+LOCK_WAIT_S = 5.0
+"""The longest a record waits for the log's lock before it is written without it."""
+LOCK_SUFFIX = ".lock"
+"""The lock file is the log's path with this appended."""
+_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 class EventLog:
     """Writes event records to a JSON-lines file (optional) and failure lines to stderr.
 
     Args:
         path: File to append to; ``None`` keeps records in memory only. ``{node}`` in the
-            path is replaced by the host name.
+            path is replaced by the host name. Its lock file is the same path with
+            :data:`LOCK_SUFFIX`.
         node: Host name recorded in every event.
         stream: Where failure lines and the summary go.
         run_id: The launcher's run id, recorded in every event (set it before the first record).
+
+    Raises:
+        UsageError: The log or its lock file is a symbolic link, another user's file, or not a
+            regular file (:mod:`launcher.options`' error: ft_launcher exits with a usage error).
+        OSError: The log or its lock file cannot be opened or created.
     """
 
     def __init__(self, path: str | None, node: str | None = None, stream: TextIO | None = None,
@@ -57,6 +76,7 @@ class EventLog:
         self.run_id = run_id
         self._stream = stream or sys.stderr
         self._fd: int | None = None
+        self._lock_fd: int | None = None
         self.history: list[EventRecord] = []
         """The records written so far, typed."""
         self.records: list[dict[str, Any]] = []
@@ -64,7 +84,14 @@ class EventLog:
         if self.path:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._fd = _open_own(self.path, os.O_RDWR | os.O_APPEND, 0o644, "event log")
+            try:
+                self._lock_fd = _open_own(self.path + LOCK_SUFFIX, os.O_RDWR, 0o600, "event log's lock file")
+                if stat.S_IMODE(os.fstat(self._lock_fd).st_mode) != 0o600:
+                    os.fchmod(self._lock_fd, 0o600)  # ours, but others could have opened it: narrow it
+            except BaseException:
+                self.close()
+                raise
 
     def record_event(self, record: R) -> R:
         """Append ``record`` with its envelope filled in (time, node, pid, run id: those it does
@@ -90,16 +117,45 @@ class EventLog:
         return record
 
     def _append(self, line: bytes) -> None:
-        """One ``write`` under the file's lock, after closing a line a killed writer left open."""
+        """One ``write`` under the log's lock (or after a bounded wait for it), after closing a
+        line a killed writer left open."""
         assert self._fd is not None
-        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        locked = self._lock()
         try:
             size = os.fstat(self._fd).st_size
             if size and os.pread(self._fd, 1, size - 1) != b"\n":
                 line = b"\n" + line
             os.write(self._fd, line)
         finally:
-            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+            if locked:
+                assert self._lock_fd is not None
+                fcntl.lockf(self._lock_fd, fcntl.LOCK_UN)
+
+    def _lock(self) -> bool:
+        """Take the lock file's ``lockf`` lock, waiting at most :data:`LOCK_WAIT_S`; whether it is held.
+
+        Polled rather than a blocking call: a blocking ``lockf`` has no timeout, and a record
+        written from a signal handler (a forced stop) must not wait without end.
+        """
+        assert self._lock_fd is not None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        pause = 0.001
+        while True:
+            try:
+                fcntl.lockf(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES):
+                    logger.warning("cannot lock %s%s (%s); writing %s without the lock",
+                                   self.path, LOCK_SUFFIX, err, self.path)
+                    return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                logger.warning("could not lock %s%s within %g s (another process of this user holds it); "
+                               "writing %s without the lock", self.path, LOCK_SUFFIX, LOCK_WAIT_S, self.path)
+                return False
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, 0.05)
 
     def failure(self, failure: FailureRecord, decision: str) -> None:
         """Record a worker failure and print its one stderr line.
@@ -181,14 +237,57 @@ class EventLog:
         return records.last_cycle_root_nodes(self.history)
 
     def close(self) -> None:
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
+        for fd in (self._fd, self._lock_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._fd = self._lock_fd = None
 
     def _print(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):
             print(text, file=self._stream, flush=True)
+
+
+def _open_own(path: str, flags: int, mode: int, what: str) -> int:
+    """Open (creating it if missing, exclusively) this user's regular file ``path``, never
+    through a symbolic link.
+
+    Raises:
+        UsageError: A symbolic link, another user's file, or not a regular file (ft_launcher
+            exits with a usage error, before anything of the run started).
+        OSError: As ``os.open``.
+    """
+    for _ in range(10):  # bounded: each round loses only to a file made or removed meanwhile
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, flags | _NOFOLLOW)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise _unfit(f"{what} {path} is a symbolic link: ft_launcher follows none there "
+                                    "(another user could have made it point anywhere); remove it or choose "
+                                    "another --ft-event-log") from None
+            raise
+        info = os.fstat(fd)
+        if info.st_uid == os.getuid() and stat.S_ISREG(info.st_mode):
+            return fd
+        os.close(fd)
+        why = (f"belongs to uid {info.st_uid}, not to this user (uid {os.getuid()})" if info.st_uid != os.getuid()
+               else "is not a regular file")
+        raise _unfit(f"{what} {path} {why}: another user could block or fool the launcher's records "
+                            "through it; remove it or choose another --ft-event-log")
+    raise OSError(errno.EAGAIN, f"{path} keeps appearing and disappearing")
+
+
+def _unfit(message: str) -> Exception:
+    """The error for an event log another user could block or fool us through."""
+    from launcher.options import UsageError  # not at the top: launcher.options imports this module
+
+    return UsageError(message)
 
 
 def _plain(detail: dict[str, Any]) -> dict[str, Any]:

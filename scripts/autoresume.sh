@@ -28,7 +28,9 @@ Modes (--mode, default auto: "slurm" inside an sbatch job, "local" elsewhere):
 Options (a flag beats its environment variable):
   -d, --run-dir DIR        where this script keeps its state: attempt count, consecutive
                            failures, history.tsv (one line per attempt) and, by default,
-                           the flag file. Must be shared by all nodes.
+                           the flag file. Must be shared by all nodes, yours, and not
+                           writable by group or others (a new one is made so); a file of
+                           another user, or a symbolic link, among its files is refused
                            [$AUTORESUME_RUN_DIR, else ./autoresume]
   -f, --flag-file PATH     finished flag file passed to the ranks
                            [$FAULT_TOL_FINISHED_FLAG_FILE, else RUN_DIR/finished.flag]
@@ -297,17 +299,20 @@ requeue_job() {   # -> 0 when SLURM accepted the requeue
 # ------------------------------------------------------------------------------------ main
 main() {
   find_python "$@"
-  step config "$@"   # RUN_DIR, FLAG_FILE, MODE, LAUNCHER, LAUNCHER_ARGS, COMMAND, ..., POLICY_ARGS
+  step config "$@"   # RUN_DIR, LOCK_FILE, FLAG_FILE, MODE, LAUNCHER, LAUNCHER_ARGS, COMMAND, ..., POLICY_ARGS
   if [ -n "${HELP:-}" ]; then usage; exit 0; fi
 
-  exec {LOCK_FD}>>"$RUN_DIR/.lock"
+  # LOCK_FILE: made 0600 by the config step, so that no other user can open it, let alone lock
+  # it. The config step also checked that no one else can write to the run dir: every path in it
+  # names this user's file (docs/security.md).
+  exec {LOCK_FD}>>"$LOCK_FILE"
   local lock_rc=0
   flock -n -E 75 "$LOCK_FD" || lock_rc=$?
   if [ "$lock_rc" = 75 ]; then
     log "error: run dir $RUN_DIR is in use by another autoresume.sh"
     exit "$EXIT_FAILURE"
   elif [ "$lock_rc" != 0 ]; then
-    log "warning: cannot lock $RUN_DIR/.lock (flock exit $lock_rc); make sure only one loop uses this run dir"
+    log "warning: cannot lock $LOCK_FILE (flock exit $lock_rc); make sure only one loop uses this run dir"
   fi
 
   step resume "${POLICY_ARGS[@]}"   # records a killed script's attempt; STOP: nothing to run

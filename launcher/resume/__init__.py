@@ -9,6 +9,8 @@ and forwarding signals, holding the run directory's lock, and the builtins-only 
 - :mod:`launcher.resume.history`: the run directory's ``state``, ``history.tsv`` and
   ``excluded_nodes`` files;
 - :mod:`launcher.resume.options`: the script's options and their validation;
+- :mod:`launcher.resume.own_files`: the run directory and its files as only this user can have
+  made them (no other user's file, no symbolic link, a 0600 lock file);
 - :mod:`launcher.resume.__main__`: the command line the script calls between attempts.
 
 Standard library only, and nothing heavy: it runs between attempts, in a SLURM batch shell that

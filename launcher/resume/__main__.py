@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from launcher.exit_codes import EXIT_FAILURE, EXIT_SIGNAL_BASE, EXIT_USAGE
-from launcher.resume import history, policy
+from launcher.resume import history, own_files, policy
 from launcher.resume.history import State
 
 logger = logging.getLogger("launcher.resume")
@@ -140,7 +140,8 @@ def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
         max_failures=int(opts.max_failures), max_attempts=int(opts.max_attempts),
         max_excluded=int(opts.max_excluded), max_stalled=int(opts.max_stalled),
         progress_path=opts.progress_path)
-    emit(RUN_DIR=opts.run_dir, FLAG_FILE=opts.flag_file, MODE=opts.mode, LAUNCHER=opts.launcher,
+    emit(RUN_DIR=opts.run_dir, LOCK_FILE=os.path.join(opts.run_dir, own_files.LOCK_NAME),
+         FLAG_FILE=opts.flag_file, MODE=opts.mode, LAUNCHER=opts.launcher,
          LAUNCHER_ARGS=opts.launcher_args, SRUN_ARGS=opts.srun_args, COMMAND=opts.command,
          JOB_REF=settings.job_ref, NNODES=settings.nnodes,
          FIRST_HOST=job.hosts[0] if job else "", RDZV_HOST=job.rdzv_host if job else "",
@@ -153,7 +154,7 @@ def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
 def step_resume(settings: Settings) -> int:
     """At the start: record a killed script's attempt; stop at once when there is nothing to do."""
     state = load_state(settings.run_dir)
-    flag = os.path.exists(settings.flag_file)
+    flag = own_files.own_file_exists(settings.flag_file)
     if state.running:
         verdict = policy.killed_attempt(state.failures, state.stalled, settings.limits)
         history.append_history(settings.run_dir, history.history_fields(
@@ -189,9 +190,9 @@ def step_start(settings: Settings) -> int:
 
 
 def _read(path: str) -> str | None:
+    """A node task's file (this user's, never through a link); None if it is missing or unfit."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as src:
-            return src.read()
+        return own_files.read_own(path)
     except OSError:
         return None
 
@@ -230,7 +231,7 @@ def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str
         warned, terminated = warned or nodes.warned, terminated or nodes.terminated
     else:
         rc = int(extra["rc"])
-    flag = os.path.exists(settings.flag_file)
+    flag = own_files.own_file_exists(settings.flag_file)
     newest = history.newest_mtime(settings.progress_path)
     verdict = policy.decide(policy.Attempt(
         number=attempt, rc=rc, flag=flag, warned=warned, terminated=terminated,

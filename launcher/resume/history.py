@@ -6,7 +6,9 @@ whole line per write; after a requeue the script appends its line itself, with s
 (see ``scripts/autoresume.sh``), from fields this module formats.
 
 Readers are forgiving: a corrupt or half-written line is skipped, never fatal, because the loop
-must go on with what it can still read.
+must go on with what it can still read. What they read, and what is written, is only ever this
+user's file, never reached through a symbolic link (:mod:`launcher.resume.own_files`): a file
+another user planted is an error, not something to read or to write into.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+from launcher.resume.own_files import ForeignFileError, open_own, read_own
 from launcher.resume.policy import is_count, is_node_name
 
 logger = logging.getLogger(__name__)
@@ -36,8 +39,16 @@ def now() -> str:
 def atomic_write(path: str, text: str) -> None:
     """Replace ``path`` with ``text``: readers see the old file or the new one, never a mix."""
     tmp = f"{path}.{os.getpid()}.tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        # O_EXCL: never write through what is already at that name. In the run directory, which
+        # only this user can write to, that is a file an earlier step with this pid left.
+        fd = os.open(tmp, flags, 0o666)
+    except FileExistsError:
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(text)
             out.flush()
             os.fsync(out.fileno())
@@ -107,12 +118,16 @@ def format_state(state: State) -> str:
 
 
 def read_state(run_dir: str) -> State:
-    """``RUN_DIR/state``, or a fresh state when there is none (or it cannot be read)."""
+    """``RUN_DIR/state``, or a fresh state when there is none (or it cannot be read).
+
+    Raises:
+        ForeignFileError: The file is a symbolic link or another user's.
+    """
     try:
-        with open(os.path.join(run_dir, "state"), encoding="utf-8", errors="replace") as src:
-            return parse_state(src.read())
-    except FileNotFoundError:
-        return State()
+        text = read_own(os.path.join(run_dir, "state"))
+        return State() if text is None else parse_state(text)
+    except ForeignFileError:
+        raise
     except OSError as err:
         logger.warning("cannot read %s/state (%s); starting from a fresh state", run_dir, err)
         return State()
@@ -171,27 +186,29 @@ def parse_history(lines: Iterable[str]) -> list[HistoryRow]:
 
 def read_history(run_dir: str) -> list[HistoryRow]:
     """The rows of ``RUN_DIR/history.tsv`` (none when there is no such file)."""
-    try:
-        with open(os.path.join(run_dir, "history.tsv"), encoding="utf-8",
-                  errors="replace") as src:
-            return parse_history(src)
-    except FileNotFoundError:
-        return []
+    text = read_own(os.path.join(run_dir, "history.tsv"))
+    return [] if text is None else parse_history(text.splitlines())
 
 
 def ensure_history_header(run_dir: str) -> None:
     """Start ``history.tsv`` with its header unless it already has content."""
-    path = os.path.join(run_dir, "history.tsv")
-    with open(path, "a", encoding="utf-8") as out:
-        if out.tell() == 0:
-            out.write(HISTORY_HEADER + "\n")
+    _append(run_dir, HISTORY_HEADER + "\n", only_if_empty=True)
 
 
 def append_history(run_dir: str, fields: str, decision: str) -> None:
     """Append one line; a single write, so that lines never interleave."""
     ensure_history_header(run_dir)
-    with open(os.path.join(run_dir, "history.tsv"), "a", encoding="utf-8") as out:
-        out.write(f"{fields}\t{one_field(decision)}\n")
+    _append(run_dir, f"{fields}\t{one_field(decision)}\n")
+
+
+def _append(run_dir: str, text: str, only_if_empty: bool = False) -> None:
+    """One ``write`` of ``text`` at the end of ``history.tsv`` (this user's file, no link)."""
+    fd = open_own(os.path.join(run_dir, "history.tsv"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        if not only_if_empty or os.fstat(fd).st_size == 0:
+            os.write(fd, text.encode("utf-8"))
+    finally:
+        os.close(fd)
 
 
 # ---------------------------------------------------------------------------- excluded nodes
@@ -204,12 +221,8 @@ def parse_excluded(text: str) -> list[str]:
 
 def read_excluded(run_dir: str) -> list[str]:
     """``RUN_DIR/excluded_nodes``, oldest first (empty when there is none)."""
-    try:
-        with open(os.path.join(run_dir, "excluded_nodes"), encoding="utf-8",
-                  errors="replace") as src:
-            return parse_excluded(src.read())
-    except FileNotFoundError:
-        return []
+    text = read_own(os.path.join(run_dir, "excluded_nodes"))
+    return [] if text is None else parse_excluded(text)
 
 
 def write_excluded(run_dir: str, nodes: Iterable[str]) -> None:

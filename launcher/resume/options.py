@@ -10,10 +10,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from launcher.resume import own_files
 from launcher.resume.policy import is_count
 
 MAX_COUNT = 1_000_000
@@ -145,7 +147,10 @@ def _resolve_launcher(launcher: str) -> str:
 def validate(opts: Options, env: Mapping[str, str]) -> Options:
     """Check and normalise ``opts`` (in place), in the order the errors are reported.
 
-    Creates the run directory once everything else is valid.
+    Creates the run directory (not writable by group or others) and its 0600 lock file once
+    everything else is valid. The run directory must be this user's and closed to other
+    writers, and the loop's files in it (and the finished flag) this user's and no symbolic
+    links (:mod:`launcher.resume.own_files`): another user must not fool or block the loop.
 
     Raises:
         UsageError: With the flag, its variable and the value in the message.
@@ -178,7 +183,14 @@ def validate(opts: Options, env: Mapping[str, str]) -> Options:
 
     run_dir = opts.run_dir or "autoresume"
     try:
+        own_files.check_path_links(run_dir)
+    except own_files.ForeignFileError as err:
+        raise UsageError(f"--run-dir (AUTORESUME_RUN_DIR): {err}") from None
+    try:
+        created = not os.path.lexists(run_dir)
         os.makedirs(run_dir, exist_ok=True)
+        if created:   # under a umask of 002 it would be group-writable, which check_run_dir refuses
+            os.chmod(run_dir, stat.S_IMODE(os.stat(run_dir).st_mode) & ~0o022)
     except OSError:
         raise UsageError(f"cannot create --run-dir (AUTORESUME_RUN_DIR) '{run_dir}'") from None
     opts.run_dir = os.path.realpath(run_dir)
@@ -186,6 +198,15 @@ def validate(opts: Options, env: Mapping[str, str]) -> Options:
     if not os.path.isdir(os.path.dirname(opts.flag_file)):
         raise UsageError("the directory of --flag-file (FAULT_TOL_FINISHED_FLAG_FILE) "
                          f"'{opts.flag_file}' does not exist")
+    try:
+        own_files.check_run_dir(opts.run_dir)
+        own_files.check_run_dir_files(opts.run_dir)
+        own_files.check_entry(opts.flag_file)
+        own_files.prepare_lock_file(os.path.join(opts.run_dir, own_files.LOCK_NAME))
+    except own_files.ForeignFileError as err:
+        raise UsageError(str(err)) from None
+    except OSError as err:
+        raise UsageError(f"cannot use --run-dir (AUTORESUME_RUN_DIR) '{opts.run_dir}': {err}") from None
     opts.launcher_args = opts.launcher_args_str.split()
     if opts.mode == "local" and not opts.launcher_args_set and not opts.extra_launcher_args:
         opts.launcher_args = ["--standalone"]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lock_holder import LockHolder
 from tests.workers.autoresume_common import (
     FT_LAUNCHER,
     SCRIPT,
@@ -356,3 +357,95 @@ def test_help_documents_the_exit_code_mapping() -> None:
                    "SIGUSR1", "--max-failures", "--run-dir", "--flag-file", "--launcher-args",
                    "history.tsv", "scontrol requeue", "--open-mode=append"):
         assert needle in text, needle
+
+
+# ---------------------------------------------------------------------- other users (issue 21 items 7 and 8)
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def open_run() -> Iterator[LocalRun]:
+    """A run whose files other users may reach (pytest's tmp_path is 0700): base dir 0755 in /tmp."""
+    base = Path(tempfile.mkdtemp(prefix="aro-", dir="/tmp"))
+    base.chmod(0o755)
+    private_tmp = Path(tempfile.mkdtemp(prefix="ar-"))
+    run = LocalRun(base, private_tmp)
+    try:
+        yield run
+        assert_no_leftovers(run.token, private_tmp)
+    finally:
+        for proc in run.procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        shutil.rmtree(private_tmp, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_another_user_cannot_lock_the_run_dir(open_run: LocalRun) -> None:
+    # A first loop finds the flag and runs nothing, but it has made the run dir's lock file.
+    open_run.run_dir.mkdir()
+    open_run.flag.write_text("done\n")
+    assert open_run.run(behaviour=["always-fail"]) == 0, open_run.output()
+    open_run.flag.unlink()
+    with LockHolder(str(open_run.run_dir / ".lock"), "flock") as nobody:
+        rc = open_run.run(behaviour=["finish"])
+    assert rc == 0, open_run.output()
+    assert "in use by another autoresume.sh" not in open_run.output()
+    assert nobody.result == {"error": "Permission denied"}, nobody.result
+    assert worker_runs(open_run.state_dir) == 1
+    lock = (open_run.run_dir / ".lock").stat()
+    assert (lock.st_uid, lock.st_mode & 0o777) == (os.getuid(), 0o600)
+
+
+def plant(run: LocalRun, case: str) -> tuple[list[str], str]:
+    """Set up ``case``; the script arguments it needs and what the refusal must say."""
+    secret = run.tmp_path / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    if case in ("foreign-dir-with-flag", "foreign-dir-with-history-link"):
+        # another user made the run dir before us, open to all, and planted a file in it
+        run.run_dir.mkdir(mode=0o777)
+        run.run_dir.chmod(0o777)
+        os.chown(run.run_dir, NOBODY, NOBODY)
+        if case == "foreign-dir-with-flag":
+            run.flag.write_text("done\n")
+            os.chown(run.flag, NOBODY, NOBODY)
+        else:
+            (run.run_dir / "history.tsv").symlink_to(secret)
+            os.lchown(run.run_dir / "history.tsv", NOBODY, NOBODY)
+        return [], f"belongs to uid {NOBODY}"
+    run.run_dir.mkdir()
+    if case == "own-dir-with-foreign-state":
+        (run.run_dir / "state").write_text("attempt=999\nfailures=0\nrunning=0\n")
+        os.chown(run.run_dir / "state", NOBODY, NOBODY)
+        return [], f"{run.run_dir / 'state'} belongs to uid {NOBODY}"
+    if case == "own-dir-with-history-link":
+        (run.run_dir / "history.tsv").symlink_to(secret)
+        return [], f"{run.run_dir / 'history.tsv'} is a symbolic link"
+    if case == "group-writable-dir":
+        run.run_dir.chmod(0o775)
+        return [], "writable by its group"
+    assert case == "foreign-flag-elsewhere"
+    shared = run.tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "done.flag").write_text("done\n")
+    os.chown(shared / "done.flag", NOBODY, NOBODY)
+    return ["--flag-file", str(shared / "done.flag")], f"{shared / 'done.flag'} belongs to uid {NOBODY}"
+
+
+@pytest.mark.parametrize("case", ["foreign-dir-with-flag", "foreign-dir-with-history-link",
+                                  "own-dir-with-foreign-state", "own-dir-with-history-link", "group-writable-dir",
+                                  "foreign-flag-elsewhere"])
+def test_a_run_dir_or_file_another_user_could_have_planted_is_refused(open_run: LocalRun, case: str) -> None:
+    args, message = plant(open_run, case)
+    rc = open_run.run(*args, behaviour=["finish"])
+
+    assert rc == 2, open_run.output()
+    assert message in open_run.output(), open_run.output()
+    assert worker_runs(open_run.state_dir) == 0
+    assert (open_run.tmp_path / "secret").read_text() == "root only\n"
+    assert not (open_run.run_dir / ".lock").exists()

@@ -720,4 +720,4 @@ def test_the_policy_imports_nothing_heavy() -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.split() == ["launcher", "launcher.exit_codes", "launcher.resume",
                                    "launcher.resume.__main__", "launcher.resume.history",
-                                   "launcher.resume.policy"]
+                                   "launcher.resume.own_files", "launcher.resume.policy"]
