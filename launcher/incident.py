@@ -14,6 +14,7 @@ count as failed.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -22,9 +23,12 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ft_core.wire import messages
 from ft_core.wire.messages import ProgressReport, RankHang, StacksCaptured
+from ft_core.wire.stacks import RANK_EXITED
 from launcher import processes
 from launcher.failures import Evidence
 from launcher.monitors import MonitorPool
+
+logger = logging.getLogger(__name__)
 
 QUERY_TIMEOUT = 1.0
 """Seconds (beyond the stack capture budget) the agent waits for the monitors' answers."""
@@ -122,6 +126,13 @@ class CycleWatch:
                 self.reports[local_rank] = report
             if isinstance(stacks, StacksCaptured):
                 self.stacks[local_rank] = stacks
+        exited = sorted(rank for rank, answer in self.stacks.items()
+                        if answer.stacks is not None and answer.stacks.stack_error == RANK_EXITED)
+        if exited:
+            # one line for the node: these ranks were on their way out, not hung; their monitors log it at debug
+            logger.info("no stacks of local rank(s) %s: they exited before their stacks could be read "
+                        "(a rank that exits on its own is not hung; its stack is not needed)",
+                        ", ".join(map(str, exited)))
 
     def evidence(self, node: str, group_rank: int | None) -> Evidence:
         return Evidence(node=node, group_rank=group_rank, reports=self.reports, stacks=self.stacks,

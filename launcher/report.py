@@ -22,7 +22,8 @@ ours: goodput and the mean time to recover. The event log does not know training
 * recovered = the next cycle's workers are ready again (in the same launcher, or in the next
   autoresume attempt); failed = the failure's detection.
 
-``--plot`` draws the same timeline with matplotlib (``pip install 'ptl-resiliency[plot]'``).
+``--plot`` draws the same timeline with matplotlib (``pip install 'ptl-resiliency[plot]'``), reduced
+to what the chart can show (:mod:`launcher.report_plot`).
 """
 
 from __future__ import annotations
@@ -317,8 +318,28 @@ def figures(report: Report) -> dict[str, Any]:
     result["cycles"] = sum(len(run.cycles) for run in report.runs)
     result["launcher_runs"] = len(report.runs)
     result["attempts"] = len(report.attempts) or len({(r.attempt, r.run_id) for r in report.runs})
-    result["finished"] = report.attempts[-1].flag == "yes" if report.attempts else None
+    result["finished"], result["finished_flag_file"] = finished(report)
     return result
+
+
+def finished(report: Report) -> tuple[Optional[bool], Optional[str]]:
+    """Whether the run finished, and the flag file that says so when the launchers named it.
+
+    autoresume's ``history.tsv`` answers for its run directory (its last attempt's flag column);
+    without it, the launchers' ``result`` records (``finished``: they looked for
+    ``FAULT_TOL_FINISHED_FLAG_FILE`` at their end): finished if the last launcher of any node
+    found the file. None when neither knows (no flag file was named).
+    """
+    if report.attempts:
+        return report.attempts[-1].flag == "yes", None
+    last: dict[str, LauncherRun] = {}
+    for run in report.runs:  # in time order: the last of each node wins
+        if run.result is not None and run.result.finished is not None:
+            last[run.node] = run
+    if not last:
+        return None, None
+    found = [run for run in last.values() if run.result.finished]
+    return bool(found), (found or list(last.values()))[-1].result.finished_flag_file
 
 
 def lost_node_incidents(report: Report) -> int:
@@ -417,7 +438,9 @@ def timeline_lines(report: Report) -> list[str]:
 def figure_lines(values: dict[str, Any]) -> list[str]:
     by_kind = ", ".join(f"{kind} {_seconds(v)}" for kind, v in sorted(values["mttr_by_kind_s"].items()))
     goodput = "-" if values["goodput"] is None else f"{values['goodput']:.3f}"
-    finished = {True: "yes (flag file present)", False: "no", None: "-"}[values["finished"]]
+    flag = values.get("finished_flag_file")
+    finished = {True: f"yes (flag file present{': ' + flag if flag else ''})",
+                False: f"no{' (no flag file at ' + flag + ')' if flag else ''}", None: "-"}[values["finished"]]
     return [
         f"wall time {values['wall_s']:.1f} s; {values['attempts']} attempt(s), {values['launcher_runs']} launcher "
         f"run(s), {values['cycles']} cycle(s); finished: {finished}",
@@ -433,66 +456,14 @@ def figure_lines(values: dict[str, Any]) -> list[str]:
 
 
 def plot(report: Report, values: dict[str, Any], path: str | Path) -> None:
-    """Draw the timeline to ``path`` (PNG, SVG or PDF by its suffix).
+    """Draw the timeline to ``path`` (PNG, SVG or PDF by its suffix): :func:`launcher.report_plot.draw`.
 
     Raises:
         ReportError: matplotlib is not installed.
     """
-    try:
-        import matplotlib
+    from launcher.report_plot import draw  # imports this module; and matplotlib only when asked to plot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.lines import Line2D
-        from matplotlib.patches import Patch
-    except ImportError:
-        raise ReportError("--plot needs matplotlib: pip install 'ptl-resiliency[plot]'") from None
-    origin = _origin(report)
-    nodes = sorted({r.node for r in report.runs})
-    rows = {node: index for index, node in enumerate(nodes)}
-    end = max(r.ended for r in report.runs) - origin
-    fig, ax = plt.subplots(figsize=(12, 2.2 + 0.9 * len(nodes)), dpi=110)
-    for attempt in report.attempts:
-        if attempt.start is not None:
-            x = attempt.start - origin
-            ax.axvline(x, color="0.55", linestyle="--", linewidth=1)
-            ax.text(x, len(nodes) - 0.45, f" attempt {attempt.number}", fontsize=9, color="0.3", va="bottom")
-            end = max(end, (attempt.end or attempt.start) - origin)
-    for run in report.runs:
-        y = rows[run.node]
-        for cycle in run.cycles:
-            cycle_end = (cycle.ended if cycle.ended is not None else run.ended) - origin
-            ready = (cycle.ready if cycle.ready is not None else cycle_end + origin) - origin
-            ax.barh(y, ready - (cycle.started - origin), left=cycle.started - origin, height=0.5, color="#f2c14e")
-            ax.barh(y, max(0.0, cycle_end - ready), left=ready, height=0.5, color="#4caf50")
-            ax.text(cycle.started - origin, y + 0.3, f"cycle {cycle.index}", fontsize=8, va="bottom")
-            for failure in sorted(cycle.failures, key=lambda f: role(f) == ROLE_ROOT):  # roots on top
-                root = role(failure) == ROLE_ROOT
-                x = _failed_at(failure) - origin
-                ax.plot(x, y if root else y + 0.14, marker="X" if root else "o", markersize=11 if root else 6,
-                        color="#d32f2f" if root else "#ff9800", markeredgecolor="black", linestyle="none")
-                if root:
-                    ax.text(x, y - 0.3, failure_kind(failure), fontsize=8, ha="center", va="top", color="#b71c1c",
-                            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
-        if run.result is not None:
-            ax.text(run.ended - origin, y, f"  {run.result.outcome}", fontsize=8, va="center")
-    ax.set_yticks(range(len(nodes)), [f"node {n}" for n in nodes])
-    ax.set_ylim(-0.8, len(nodes) - 0.2)
-    ax.set_xlim(-0.02 * max(end, 1.0), end * 1.08 + 0.5)
-    ax.set_xlabel("seconds since the run started")
-    goodput = "-" if values["goodput"] is None else f"{values['goodput']:.2f}"
-    ax.set_title(f"{values['failures']} failure(s), {values['cycles']} cycle(s); goodput <= {goodput}, "
-                 f"mean time to recover {_seconds(values['mttr_s'])}")
-    ax.legend(handles=[Patch(color="#f2c14e", label="workers starting"), Patch(color="#4caf50", label="workers up"),
-                       Line2D([], [], marker="X", color="#d32f2f", markeredgecolor="black", linestyle="none",
-                              markersize=10, label="failure (root cause)"),
-                       Line2D([], [], marker="o", color="#ff9800", markeredgecolor="black", linestyle="none",
-                              label="stopped as a consequence")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=9, frameon=False)
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    draw(report, values, path)
 
 
 # ---------------------------------------------------------------------- entry point

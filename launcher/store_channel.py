@@ -138,7 +138,7 @@ class StoreChannel:
             return None
         try:
             info = json.loads(raw)
-        except ValueError:  # only launchers write the key: its presence is the request
+        except (ValueError, RecursionError):  # only launchers write the key: its presence is the request
             info = {}
         if not isinstance(info, dict):
             info = {}
@@ -255,6 +255,6 @@ def _parse_view(raw: Any) -> list[dict[str, Any]]:
         raw = raw.decode("utf-8", "replace")
     try:
         data = json.loads(raw)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # json's decoder recurses once per level of nesting
         return []
     return [item for item in data if isinstance(item, dict)] if isinstance(data, list) else []

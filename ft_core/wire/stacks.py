@@ -50,10 +50,15 @@ training job uses (not SIGUSR1/SIGUSR2, which clusters send as preemption warnin
 tells its monitor the number in the handshake, and the monitor sends it only to a rank that
 registered it (its default action would end the process)."""
 
+RANK_EXITED = "the rank exited before its stack could be read"
+""":attr:`StackCapture.error` of a rank that had exited or was exiting: not a fault of the
+capture (a rank that ends on its own is not hung, and the launcher asks every rank still running
+when another fails, some of which are already on their way out)."""
 MAX_FRAMES = 10
 """Frames of the main thread in a hang report (innermost first)."""
 MAX_DUMP_BYTES = 1024 * 1024
 """Most of a faulthandler dump the monitor reads."""
+_PF_EXITING = 0x4  # include/linux/sched.h
 _SETTLE = 0.02  # a faulthandler dump is complete once its size stopped changing this long
 _POLL = 0.005
 _OFF = ("", "0", "off", "none", "no", "false")
@@ -86,9 +91,13 @@ class StackCapture:
         text: Every thread's stack, readable (empty when nothing was captured).
         frames: The main thread's innermost frames, ``"file:line function"``, innermost first.
         method: ``"py-spy"`` or ``"faulthandler"`` (None when nothing was captured).
-        error: Why there is no stack (None when there is one).
-        note: Why the fallback was used (py-spy missing or refused), for the monitor's log.
+        error: Why there is no stack (None when there is one); :data:`RANK_EXITED` for a rank
+            that had exited or was exiting.
+        note: Why the fallback was used (py-spy missing or refused), or for a rank that exited
+            what each way said, for the monitor's log.
         seconds: Time the capture took.
+        exited: The rank had exited or was exiting: there was no stack to read, and none is
+            needed (its monitor logs this at debug level, not as a warning).
     """
 
     text: str = ""
@@ -97,6 +106,7 @@ class StackCapture:
     error: Optional[str] = None
     note: Optional[str] = None
     seconds: float = 0.0
+    exited: bool = False
 
 
 # ---------------------------------------------------------------------- rank side
@@ -162,12 +172,17 @@ def capture(target: StackTarget, budget: float, stopped: bool = False) -> StackC
 
     Returns:
         The capture; on failure its ``error`` says why (never raises for a rank that is gone,
-        forbids tracing or does not answer).
+        forbids tracing or does not answer). A rank that has exited or is exiting, found so
+        before or after the attempts, gets :data:`RANK_EXITED` and ``exited`` (what py-spy and
+        faulthandler said of it, "Failed to parse python binary", "no stack within the budget",
+        goes to ``note``): a process on its way out has no stack to read.
     """
     started = time.monotonic()
     deadline = started + budget
     if budget <= 0:
         return StackCapture(error="stack capture is off (stack_capture_budget 0)")
+    if has_exited(target.pid):  # nothing to read: spend none of the budget
+        return StackCapture(error=RANK_EXITED, exited=True)
     errors = []
     py_spy = find_py_spy()
     result: StackCapture | None = None
@@ -184,7 +199,9 @@ def capture(target: StackTarget, budget: float, stopped: bool = False) -> StackC
             result, why = _faulthandler_dump(target, deadline, stopped)
             if why:
                 errors.append(f"faulthandler: {why}")
-    if result is None:
+    if result is None and has_exited(target.pid):
+        result = StackCapture(error=RANK_EXITED, note="; ".join(errors), exited=True)
+    elif result is None:
         result = StackCapture(error="; ".join(errors))
     elif errors:
         result.note = "; ".join(errors)
@@ -270,9 +287,11 @@ def _faulthandler_dump(target: StackTarget, deadline: float, stopped: bool) -> t
             size, stable_since = current, now
         elif size > start and stable_since is not None and now - stable_since >= _SETTLE:
             break
-        if now >= deadline:
+        if now >= deadline or (size == start and has_exited(target.pid)):
             if size > start:
                 break  # take what was written
+            if now < deadline:
+                return None, "the rank exited"
             return None, "the rank wrote no stack within the budget (a signal handler cannot run?)"
         time.sleep(_POLL)
     text = os.pread(fd, min(size - start, MAX_DUMP_BYTES), start).decode("utf-8", "replace")
@@ -282,6 +301,23 @@ def _faulthandler_dump(target: StackTarget, deadline: float, stopped: bool) -> t
 
 _FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
 _FH_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+
+
+def has_exited(pid: int) -> bool:
+    """Whether ``pid`` is gone, a zombie, or exiting (the kernel's ``PF_EXITING`` in
+    ``/proc/<pid>/stat``: its memory may already be unmapped, which py-spy reports as
+    "Failed to parse python binary")."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            raw = stream.read()
+    except OSError:
+        return True
+    # the fields after the command name (which may hold ')'): state ppid pgrp session tty tpgid flags
+    fields = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & _PF_EXITING)
+    except (IndexError, ValueError):
+        return False
 
 
 def _faulthandler_main_frames(text: str, main_thread: Optional[int]) -> list[str]:

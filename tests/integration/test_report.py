@@ -162,3 +162,71 @@ def test_a_line_left_incomplete_is_closed_before_the_next_record(tmp_path):
     assert lines[0] == '{"event": "failure", "ts": 1'
     records = [json.loads(line) for line in lines[1:]]
     assert records[0]["event"] == "launcher_start" and records[-1]["event"] == "summary"
+
+
+def test_odd_lines_are_counted_as_unreadable_not_a_traceback(tmp_path):
+    # issue 21 item 12: every odd line of tests/unit/test_records.py in one log between whole records
+    from tests.unit.test_records import ODD_LINES
+
+    records = [{"event": "launcher_start", "ts": 1000.0, "node": "n1", "pid": 5, "run_id": "r1"},
+               {"event": "cycle_start", "ts": 1001.0, "node": "n1", "pid": 5, "run_id": "r1", "cycle": 0},
+               {"event": "workers_ready", "ts": 1002.0, "node": "n1", "pid": 5, "run_id": "r1", "cycle": 0},
+               {"event": "result", "ts": 1010.0, "node": "n1", "pid": 5, "run_id": "r1", "outcome": "succeeded"}]
+    log = tmp_path / "ft_events.jsonl"
+    log.write_text("\n".join([json.dumps(r) for r in records[:3]] + list(ODD_LINES.values())
+                             + [json.dumps(records[3])]) + "\n")
+    out = ft_report(str(log))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"({len(ODD_LINES)} unreadable line(s) skipped)" in out.stdout
+    assert "1 launcher run(s), 1 cycle(s)" in out.stdout and "goodput <= 0.800" in out.stdout
+    figures = json.loads(ft_report(str(log), "--json").stdout)
+    assert figures["wall_s"] == 10.0 and figures["cycles"] == 1
+
+
+def test_a_flag_file_named_outside_autoresume_is_reported(tmp_path):
+    # issue 22 item 5: a run without autoresume.sh (no history.tsv) said "finished: -"; the
+    # launcher records whether FAULT_TOL_FINISHED_FLAG_FILE existed at its end (the "no" case:
+    # tests/unit/test_records.py)
+    from tests.launcher_util import events_of, read_events, run_launcher
+
+    behaviour = "finish"
+
+    log, flag = tmp_path / "logs" / "ft_events.jsonl", tmp_path / "done.flag"
+    log.parent.mkdir()
+    worker = Path(__file__).resolve().parents[1] / "workers" / "autoresume_worker.py"
+    out = run_launcher(["--standalone", "--nproc-per-node", "1", "--monitor-interval", "0.1",
+                        "--ft-event-log", str(log), str(worker), str(tmp_path), behaviour],
+                       env={**os.environ, "FAULT_TOL_FINISHED_FLAG_FILE": str(flag)})
+    assert out.returncode == 0, out.stderr
+    [result] = events_of(read_events(log), "result")
+    assert (result["finished_flag_file"], result["finished"]) == (str(flag), behaviour == "finish")
+    report = ft_report(str(log.parent))
+    assert report.returncode == 0, report.stderr
+    assert f"finished: yes (flag file present: {flag})" in report.stdout
+    assert json.loads(ft_report(str(log), "--json").stdout)["finished_flag_file"] == str(flag)
+
+
+def test_the_plot_of_a_long_run_is_reduced_to_what_it_can_show(tmp_path):
+    # issue 21 item 12: one matplotlib artist per cycle, failure and label made a 100 000-record
+    # log take minutes and gigabytes (bench/report_scale.py measures it); the chart now draws each
+    # row's bars as one collection per colour and writes per-item labels only while they are few
+    cycles, lines = 300, []
+    for node in ("n0", "n1"):
+        envelope = {"node": node, "pid": 7, "run_id": node}
+        lines.append({"event": "launcher_start", "ts": 1000.0, **envelope})
+        for cycle in range(cycles):
+            ts = 1001.0 + 10 * cycle
+            lines += [{"event": "cycle_start", "ts": ts, "cycle": cycle, **envelope},
+                      {"event": "workers_ready", "ts": ts + 1, "cycle": cycle, **envelope},
+                      {"event": "failure", "ts": ts + 9, "cycle": cycle, "cause": "exit code 1", "rank": 0,
+                       "cause_kind": "exit" if node == "n0" else "terminated", **envelope}]
+        lines.append({"event": "result", "ts": 1001.0 + 10 * cycles, "outcome": "failed", **envelope})
+    log, svg = tmp_path / "ft_events.jsonl", tmp_path / "timeline.svg"
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = ft_report(str(log), "--plot", str(svg))
+    assert out.returncode == 0, out.stderr
+    drawing = svg.read_text()
+    assert drawing.count('id="PolyCollection_') == 4  # two rows, two colours
+    assert drawing.count('id="patch_') < 20  # the axes and the legend; no bar of its own per cycle
+    assert drawing.count('id="text_') < 30  # the ticks, title and legend; no "cycle N" or failure labels
+    assert "2 launcher run(s), 600 cycle(s)" in out.stdout
