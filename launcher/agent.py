@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import queue
 import signal
 import time
@@ -55,6 +54,7 @@ from ft_core.wire.env import (
 )
 from launcher import processes
 from launcher.agent_phase import AgentPhase
+from launcher.clean_end import AT_EXIT_SIGNAL, CleanEnds
 from launcher.control_server import ControlServer
 from launcher.culprit import LostNode, RankState
 from launcher.events import EventLog
@@ -62,6 +62,7 @@ from launcher.failures import KIND_TERMINATED, Exchanged, failure_records, group
 from launcher.incident import CycleWatch, about_an_earlier_worker
 from launcher.monitors import UNRESPONSIVE, MonitorPool
 from launcher.records import (
+    AbortedAtExit,
     ControlRequest,
     CycleStart,
     LeftoversKilled,
@@ -84,6 +85,7 @@ from launcher.restart_policy import (
     outcome_decision,
 )
 from launcher.store_channel import StoreChannel
+from launcher.torch_compat import agent_shutdown_kwargs, torch_shutdown_kwargs
 from launcher.warm.cold import StartCoordinator
 
 logger = logging.getLogger(__name__)
@@ -168,9 +170,10 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._poll_interval = spec.monitor_interval
         spec.monitor_interval = 0.001
         # torch passes shutdown_timeout back only as _shutdown(timeout=...), which is ours: a
-        # fractional --term-timeout arrives there intact (test_torch_hooks checks).
+        # fractional --term-timeout arrives there intact (test_torch_hooks checks). torch < 2.12
+        # takes none: _shutdown then gets no timeout and uses --term-timeout (launcher.torch_compat).
         super().__init__(spec=spec, logs_specs=logs_specs, start_method=start_method,
-                         log_line_prefix_template=log_line_prefix_template, shutdown_timeout=term_timeout)
+                         log_line_prefix_template=log_line_prefix_template, **agent_shutdown_kwargs(term_timeout))
         self._term_timeout = term_timeout
         self._monitors = monitors
         self._reassert_signal_handlers = reassert_signal_handlers
@@ -193,6 +196,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         logging.getLogger(TORCH_PROCESS_LOGGER).addFilter(_wrong_rank_filter)
         self._awaiting_ready: set[int] = set()  # local ranks not connected to their monitor yet
         self._stopped_by_us: set[int] = set()  # this cycle's survivors we stopped after a failure
+        self._clean_ends = CleanEnds()  # this cycle's workers that ended their training cleanly
         self._outcome_cause = ""  # who asked for SHUTDOWN or EXCLUDED and why, for the stop line
         self.stopped_cleanly = True
         """After the last stop: every worker exited 0 within the timeout (True if none ran)."""
@@ -210,14 +214,15 @@ class FaultTolerantAgent(LocalElasticAgent):
         the forked workers' own."""
         return sorted({*self._workers.pids, *self._workers.worker_pids.values()})
 
-    def forward_signal(self, sig: signal.Signals, job_wide: bool = False) -> None:
+    def forward_signal(self, sig: signal.Signals, job_wide: bool = False, received_at: float | None = None) -> None:
         """Pass ``sig`` (e.g. SLURM's SIGUSR1 warning) on to the workers that need it from us.
 
         Thread-safe (the launcher's signal dispatcher calls it). Workers that got it themselves
-        (``job_wide``) get nothing; ranks without a worker ready for it get it queued (see
-        :class:`launcher.processes.WorkerProcesses`).
+        (``job_wide``) get nothing; ranks without a worker ready for it when it was received
+        (``received_at``, monotonic), a worker a restart started since included, get it queued
+        (see :meth:`launcher.processes.WorkerProcesses.route`).
         """
-        sent, queued = self._workers.route(sig, job_wide)
+        sent, queued = self._workers.route(sig, job_wide, received_at)
         self._events.record_event(SignalReceived(cycle=self.cycle, signal=sig.name, job_wide=job_wide,
                                                  queued_for_local_ranks=queued))
         if sent:
@@ -271,6 +276,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         warm_ready = self._starts.before_cycle(self.cycle)
         self._watch.reset()
         self._stopped_by_us.clear()
+        self._clean_ends.reset()
         pids = super()._start_workers(worker_group)
         spawned_at = time.monotonic()
         self._pids = dict(pids)
@@ -351,7 +357,11 @@ class FaultTolerantAgent(LocalElasticAgent):
             if not self._watch.hung_overdue():
                 return RunResult(state=WorkerState.HEALTHY)
             self._workers.terminate([self._pids[r] for r in hung], 0.0, signal.SIGKILL)
+        if self._clean_ends.others_still_running(self._raw_statuses()):
+            return RunResult(state=WorkerState.HEALTHY)  # torch's poll would stop the others
         result = super()._monitor_workers(worker_group)
+        if result.state == WorkerState.FAILED and result.failures:
+            result = self._excuse_aborts_at_exit(worker_group, result)
         # Monitors report a hang before they signal the rank, so every hang behind a death
         # seen above is in these events.
         self._poll_monitor_events()
@@ -368,9 +378,35 @@ class FaultTolerantAgent(LocalElasticAgent):
         return result
 
     def _statuses(self) -> dict[int, int | None]:
-        """Exit status by local rank (None while running), without reaping."""
+        """Exit status by local rank (None while running), without reaping; a worker that
+        finished its training and then aborted at exit counts as exited 0."""
+        return self._clean_ends.as_exited_zero(self._raw_statuses())
+
+    def _raw_statuses(self) -> dict[int, int | None]:
         by_pid = self._workers.exit_statuses()
-        return {local_rank: by_pid.get(pid) for local_rank, pid in self._pids.items()}
+        statuses = {local_rank: by_pid.get(pid) for local_rank, pid in self._pids.items()}
+        if any(status == -AT_EXIT_SIGNAL for status in statuses.values()):
+            # Its monitor's rank_finished was sent before the worker could exit: read it now.
+            self._poll_monitor_events()
+        return statuses
+
+    def _excuse_aborts_at_exit(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
+        """Take the workers that finished their training, then aborted at exit, out of torch's
+        failures (recorded as ``aborted_at_exit``); none left: the cycle succeeded."""
+        remaining, aborted = self._clean_ends.split(result.failures)
+        for failure in aborted:
+            pid = self._workers.worker_pid(failure.pid)
+            rank = next((w.global_rank for w in worker_group.workers if w.local_rank == failure.local_rank), None)
+            logger.warning("cycle %s: rank %s (local rank %s, pid %s) finished its training, then aborted at exit "
+                           "(%s): not a failure, not restarted", self.cycle, rank, failure.local_rank, pid,
+                           AT_EXIT_SIGNAL.name)
+            self._events.record_event(AbortedAtExit(cycle=self.cycle, local_rank=failure.local_rank, rank=rank,
+                                                    worker_pid=pid, signal=AT_EXIT_SIGNAL.name))
+        if not aborted:
+            return result
+        if remaining:
+            return RunResult(state=WorkerState.FAILED, failures=remaining)
+        return RunResult(state=WorkerState.SUCCEEDED, return_values={w.global_rank: None for w in worker_group.workers})
 
     def _handle_first_failure(self, statuses: dict[int, int | None]) -> None:
         """A worker crashed or hung: take the evidence from the monitors, then stop the others.
@@ -422,7 +458,12 @@ class FaultTolerantAgent(LocalElasticAgent):
                          self._ft_cfg.rank_termination_signal.name, event.after or 0.0)
             self._events.record_event(RankEscalated(cycle=self.cycle, local_rank=local_rank, rank=event.rank,
                                                     worker_pid=event.pid, signal=event.signal, after=event.after))
-        elif isinstance(event, messages.RankConnected) and local_rank in self._awaiting_ready:
+        elif isinstance(event, messages.RankFinished):
+            if event.pid in (self._pids.get(local_rank), self._workers.worker_pids.get(local_rank)):
+                self._clean_ends.finished(local_rank, event.pid)
+        elif isinstance(event, messages.RankConnected) and local_rank not in self._awaiting_ready:
+            self._clean_ends.reconnected(local_rank)  # training again (a second fit)
+        elif isinstance(event, messages.RankConnected):
             pid, delivered = self._workers.connected(local_rank)
             self._record_queued_delivery(pid, delivered)
             self._awaiting_ready.discard(local_rank)
@@ -560,7 +601,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         # (test_torch_hooks checks); our stops between cycles take --term-timeout instead.
         self._shutdown(timeout=self._term_timeout)
 
-    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: float = 30) -> None:
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: float | None = None) -> None:
         """Stop the workers: ``death_sig`` to their process groups, SIGKILL after ``timeout`` s.
 
         torch calls this from its ``run`` with our ``--term-timeout`` (as ``shutdown_timeout``),
@@ -571,14 +612,17 @@ class FaultTolerantAgent(LocalElasticAgent):
         the timeout rounded up, in case a worker started after our pid list). When the workers
         got ``death_sig`` themselves (sent to the whole job), it is not sent again: they only get
         their ``timeout``, warm and cold alike. :attr:`stopped_cleanly` tells how it ended.
+        No ``timeout`` (torch < 2.12 calls it without one) means ``--term-timeout``.
         """
+        if timeout is None:
+            timeout = self._term_timeout
         if self._reassert_signal_handlers is not None:
             self._reassert_signal_handlers()  # torch's own handlers would raise on a second signal
         delivered = self._stop_signal_delivered(death_sig) if self._stop_signal_delivered is not None else False
         killed = self._workers.terminate(self._workers.pids, timeout, death_sig, already_signalled=delivered)
         statuses = self._workers.exit_statuses()
         self.stopped_cleanly = not killed and all(status == 0 for status in statuses.values())
-        super()._shutdown(death_sig, math.ceil(timeout))
+        super()._shutdown(death_sig, **torch_shutdown_kwargs(timeout))
         self._workers.close()
         self._reap_leftovers()
 

@@ -17,6 +17,9 @@ EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_SHUTDOWN_REQUESTED = 64
 EXIT_NODE_EXCLUDED = 65
+EXIT_REPEATED_FAILURE = 66
+"""The same failure ended ``--ft-max-no-progress-cycles`` cycles in a row without progress
+(``launcher/crash_loop.py``); ``--ft-no-restart-exit-code`` may choose another code."""
 EXIT_SIGNAL_BASE = 128
 """A forced stop by signal N (the third stop signal): the launcher exits ``EXIT_SIGNAL_BASE + N``.
 A graceful stop by signal exits :data:`EXIT_SUCCESS` or :data:`EXIT_FAILURE`."""
@@ -67,6 +70,10 @@ EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode("EXIT_NODE_EXCLUDED", EXIT_NODE_EXCLUDED, "65",
              "a rank requested ExcludeThisNode for this node",
              "continue without this node", "ExcludeThisNode"),
+    ExitCode("EXIT_REPEATED_FAILURE", EXIT_REPEATED_FAILURE, "66",
+             "the same failure ended --ft-max-no-progress-cycles cycles in a row without progress: a "
+             "restart will not fix it (the code can be changed with --ft-no-restart-exit-code)",
+             "stop: do not requeue (a repeating failure)", "repeat"),
     ExitCode("EXIT_SIGNAL_BASE", EXIT_SIGNAL_BASE, "128+N",
              "the stop by signal N was forced: a third stop signal, or the stop took longer than "
              "--term-timeout + 30 s (143 = SIGTERM, 130 = SIGINT)",

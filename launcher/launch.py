@@ -37,7 +37,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 
 from ft_core.wire import protocol
 from ft_core.wire.config import FaultToleranceConfig
-from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FT_LAUNCHER_RUN_ENV_VAR
+from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_LAUNCHER_RUN_ENV_VAR
 from ft_core.wire.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
 from launcher import exit_codes, processes, rendezvous_poll
 from launcher.agent import FaultTolerantAgent
@@ -269,8 +269,10 @@ class LauncherRun:
     def _start_guards(self, env: RunEnvironment, term_timeout: float) -> tuple[Sentinel, SignalHandling]:
         """Start what guarantees the run's end, before anything else of the run: the sentinel
         (the end of every way out is registered with it) and the signal handling."""
+        # A sentinel that dies is started again: each one is kept off the leftover clean-ups.
         sentinel = self._sentinel = Sentinel(self._run_dir, FT_LAUNCHER_RUN_ENV_VAR, env.token, STEP_SIGNALS,
-                                             keep_fds=() if env.keep_fd is None else (env.keep_fd,))
+                                             keep_fds=() if env.keep_fd is None else (env.keep_fd,),
+                                             on_start=lambda pid: processes.set_helper("sentinel", pid))
         signals = self._signals = SignalHandling(
             route=self._route_signal, force=self._forced_stop,
             job_wide=lambda sig, received_at: sentinel.saw(sig, received_at, JOB_WIDE_WINDOW),
@@ -340,12 +342,12 @@ class LauncherRun:
         clean = self._agent is None or self._agent.stopped_cleanly
         return _Result(f"signal {sig.name}", exit_codes.EXIT_SUCCESS if clean else exit_codes.EXIT_FAILURE)
 
-    def _route_signal(self, sig: signal.Signals, job_wide: bool) -> None:
+    def _route_signal(self, sig: signal.Signals, job_wide: bool, received_at: float | None = None) -> None:
         # Signal thread: a relayed signal (SIGUSR1, ...) for the workers.
         if self._agent is not None:
-            self._agent.forward_signal(sig, job_wide)
+            self._agent.forward_signal(sig, job_wide, received_at)
         elif self._workers is not None:  # before the agent exists: queued for the first workers
-            self._workers.route(sig, job_wide)
+            self._workers.route(sig, job_wide, received_at)
 
     # ------------------------------------------------------------------ the ways out
 
@@ -401,7 +403,10 @@ class LauncherRun:
                                  keep={self._sentinel.pid} - {None})
         shutil.rmtree(self._run_dir, ignore_errors=True)
         cycles = (self._agent.cycle + 1) if self._agent else 0
-        self._events.record_event(Result(outcome=result.outcome, exit_code=result.exit_code, cycles=cycles))
+        # ft_report's "finished" for a run whose flag was not written under autoresume.sh (no history.tsv)
+        flag = os.environ.get(FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR) or None
+        self._events.record_event(Result(outcome=result.outcome, exit_code=result.exit_code, cycles=cycles,
+                                         finished_flag_file=flag, finished=os.path.exists(flag) if flag else None))
         if self._result_file is not None:
             roots = self._events.last_cycle_root_nodes() if result.exit_code == exit_codes.EXIT_FAILURE else []
             write_result(self._result_file, result.exit_code, result.outcome, roots)

@@ -35,6 +35,13 @@ SCHEMA_KEY = "schema"
 EVENT_KEY = "event"
 ENVELOPE = ("time", "ts", "node", "pid", "run_id")
 """The fields every record carries besides ``event`` and ``schema``."""
+STRICT_FIELDS = ENVELOPE + ("cycle",)
+"""Fields the readers group records by: a record that holds one of the wrong type is malformed
+(for any other field a value of the wrong type reads as the field's default)."""
+EPOCH_FIELDS = ("ts", "detected_at", "last_progress_at")
+"""Fields that hold epoch seconds: one outside ``[0,`` :data:`MAX_EPOCH` ``]`` makes the record malformed."""
+MAX_EPOCH = 253402300799.0
+"""9999-12-31 23:59:59 UTC, the last second a ``datetime`` can show."""
 
 R = TypeVar("R", bound="EventRecord")
 
@@ -205,6 +212,21 @@ class WorkersSucceeded(EventRecord):
     EVENT: ClassVar[str] = "workers_succeeded"
 
     cycle: int | None = _f()
+
+
+@dataclass(kw_only=True)
+class AbortedAtExit(EventRecord):
+    """``aborted_at_exit``: a worker ended its training cleanly (its front end told its monitor),
+    then aborted at exit (SIGABRT in its interpreter's teardown): finished, not a failure, not
+    restarted."""
+
+    EVENT: ClassVar[str] = "aborted_at_exit"
+
+    cycle: int | None = _f()
+    local_rank: int | None = _f()
+    rank: int | None = _f()
+    worker_pid: int | None = _f()
+    signal: str | None = _f(doc="`SIGABRT`")
 
 
 ROLE_ROOT = "root"
@@ -407,6 +429,9 @@ class Result(EventRecord):
                         "`rendezvous store lost`, ...")
     exit_code: int | None = _f()
     cycles: int | None = _f()
+    finished_flag_file: str | None = _f(doc="`FAULT_TOL_FINISHED_FLAG_FILE`, when set", omit_none=True)
+    finished: bool | None = _f(doc="whether that file existed when the launcher ended",
+                               written_with="finished_flag_file")
 
 
 @dataclass(kw_only=True)
@@ -428,9 +453,9 @@ class Summary(EventRecord):
 KINDS: dict[str, type[EventRecord]] = {
     cls.EVENT: cls for cls in (
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
-        WorkersReady, WorkersSucceeded, Failure, ControlRequest, MonitorDied, MonitorReplaced, MonitorUnresponsive,
-        RankEscalated, SignalReceived, SignalForwarded, Restart, MinHealthyRestart, LeftoversKilled, StoreLost,
-        Result, Summary,
+        WorkersReady, WorkersSucceeded, AbortedAtExit, Failure, ControlRequest, MonitorDied, MonitorReplaced,
+        MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart, MinHealthyRestart,
+        LeftoversKilled, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""
@@ -477,9 +502,11 @@ def read_events(paths: str | os.PathLike | Iterable[str | os.PathLike],
 
     Skipped (the first of each reason logged as one warning; all counted by reason in
     ``skipped`` when one is given):
-    lines that are not JSON objects with an ``event`` and a numeric ``ts``, unknown kinds,
-    records of a newer :data:`SCHEMA_VERSION`, records a required field of which is missing or
-    of the wrong type. A line left incomplete by a killed launcher is one such line.
+    lines that are not JSON objects with an ``event`` and a numeric ``ts`` (or are nested too
+    deeply to decode), unknown kinds, records of a newer :data:`SCHEMA_VERSION`, records a
+    required field of which is missing or of the wrong type, records with a
+    :data:`STRICT_FIELDS` field of the wrong type or an :data:`EPOCH_FIELDS` field that is not
+    a time. A line left incomplete by a killed launcher is one such line.
 
     Raises:
         OSError: A file cannot be read.
@@ -508,6 +535,8 @@ def parse_line(line: str) -> tuple[EventRecord | None, str]:
         data = json.loads(line)
     except json.JSONDecodeError:
         return None, "not JSON (a line left incomplete?)"
+    except RecursionError:  # json's decoder recurses once per level of nesting
+        return None, "nested too deeply"
     return parse(data)
 
 
@@ -528,9 +557,31 @@ def parse(data: Any) -> tuple[EventRecord | None, str]:
         record = cls.from_wire(data)
     except MalformedError as err:
         return None, f"malformed {kind!r} record ({err})"
-    if record.ts is None:
+    except RecursionError:
+        return None, "nested too deeply"
+    if record.ts is None and data.get("ts") is None:
         return None, f"malformed {kind!r} record (no time stamp)"
+    problem = _strict_problem(record, data)
+    if problem:
+        return None, f"malformed {kind!r} record ({problem})"
     return record, ""
+
+
+def _strict_problem(record: EventRecord, data: Mapping[str, Any]) -> str:
+    """Why a decoded record cannot be used although its required fields are there, or "".
+
+    The codec reads a value of the wrong type as the field's default; for the fields records
+    are grouped by (:data:`STRICT_FIELDS`) that would file the record under the wrong launcher
+    or cycle, and a time outside :data:`MAX_EPOCH` cannot be shown, so either rejects it.
+    """
+    for name in STRICT_FIELDS:
+        if data.get(name) is not None and getattr(record, name, None) is None:
+            return f"{name} {data[name]!r:.40} is not {'a time' if name in EPOCH_FIELDS else 'of its type'}"
+    for name in EPOCH_FIELDS:
+        value = getattr(record, name, None)
+        if value is not None and not 0 <= value <= MAX_EPOCH:
+            return f"{name} {value!r} is not a time"
+    return ""
 
 
 # ---------------------------------------------------------------------- documentation

@@ -70,8 +70,11 @@ class SignalHandling:
     """Installs the launcher's handlers and runs the dispatcher thread; see the module docstring.
 
     Args:
-        route: Called (on the dispatcher thread) with a relayed signal and whether the workers
-            got it themselves; passes it on or queues it (the agent's ``forward_signal``).
+        route: Called (on the dispatcher thread) with a relayed signal, whether the workers
+            got it themselves and when it was received (``time.monotonic()``); passes it on or
+            queues it (the agent's ``forward_signal``). The decision may take up to
+            :data:`JOB_WIDE_WINDOW`, time enough for a restart to start new workers: the time
+            tells them from the workers that were there when the signal came.
         force: Called on the dispatcher thread to force the stop (third stop signal, or the
             graceful stop not finished within ``grace_seconds``); must not return.
         job_wide: ``job_wide(sig, received_at)``: whether the workers got ``sig`` themselves
@@ -80,7 +83,7 @@ class SignalHandling:
         grace_seconds: Time the graceful stop may take.
     """
 
-    def __init__(self, *, route: Callable[[signal.Signals, bool], None],
+    def __init__(self, *, route: Callable[[signal.Signals, bool, float], None],
                  force: Callable[[signal.Signals], None],
                  job_wide: Callable[[signal.Signals, float], bool], grace_seconds: float) -> None:
         self._route = route
@@ -218,7 +221,7 @@ class SignalHandling:
         logger.info("received %s (%s)", sig.name, "sent to the whole job: the workers have it"
                     if job_wide else "sent to the launcher: passing it to the workers")
         try:
-            self._route(sig, job_wide)
+            self._route(sig, job_wide, received_at)
         except Exception:  # the dispatcher must survive anything the agent raises
             logger.exception("could not pass %s on to the workers", sig.name)
 

@@ -42,6 +42,14 @@ from ft_core.client.sections_policy import (
 from ft_core.client.session import FrontEndSession, session_attribute
 from ft_core.client.simulated_fault import SimulatedFaultParams
 from ft_core.client.state_file import PART_SECTIONS
+from ft_core.client.timeout_bounds import (
+    Snapshot,
+    describe_heartbeat_timeouts,
+    describe_section_timeouts,
+    heartbeat_snapshot,
+    section_snapshot,
+    significant_change,
+)
 from ft_core.wire.config import ConfigError
 from ft_core.wire.env import (
     FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR,
@@ -124,6 +132,7 @@ class _FaultToleranceCallbackBase(Callback):
         self._ckpt_hooks: Optional[CheckpointHooks] = None
         self._metrics: Optional[MetricsLogger] = None
         self._stopped: Optional[GracefulStopExit] = None
+        self._updated_logged: Optional[Snapshot] = None  # the timeouts the last "Updated FT timeouts" line showed
 
     # ------------------------------------------------------------------ public state
 
@@ -181,8 +190,8 @@ class _FaultToleranceCallbackBase(Callback):
             RankMonitorClientError: Not started by ``ft_launcher``, or the monitor cannot be
                 reached.
             ConfigError: ``autoresume=True`` without ``FAULT_TOL_FINISHED_FLAG_FILE``, sections
-                missing from the config (sections callback), or no valid timeouts while
-                ``calculate_timeouts=False``.
+                missing from the config or configured but never opened (sections callback), or
+                no valid timeouts while ``calculate_timeouts=False``.
             ValueError: The simulated fault names a rank outside the world.
         """
         if stage != TrainerFn.FITTING:
@@ -276,6 +285,7 @@ class _FaultToleranceCallbackBase(Callback):
                     "autoresume=False."
                 )
         self._policy = self._new_policy(trainer)
+        self._updated_logged = None
         path = session.use_state_file(state_file_for_trainer(trainer, self.exp_dir)).path  # collective
         # Without calculate_timeouts the configured timeouts are what the user asked for.
         client = session.connect(restore=self.calculate_timeouts)  # with restore: a collective
@@ -376,7 +386,27 @@ class _FaultToleranceCallbackBase(Callback):
         if not self._update_timeouts(client, final):
             return
         self._session.save_timeouts()
+        self._log_updated_timeouts(client)
         self._log_metrics(save=final)
+
+    def _log_updated_timeouts(self, client: RankMonitorClient) -> None:
+        """The reference's line after calculated timeouts were applied and saved.
+
+        People grep logs for "Updated FT timeouts"; it stands next to the client's "timeouts in
+        force (calculated)" line, which says how each value came about. INFO (rank 0) when the
+        timeouts changed significantly since this run's last such line, else DEBUG, like ours.
+        """
+        if self._STATE_PART == PART_SECTIONS:
+            snapshot = section_snapshot(client.section_timeouts)
+            text = describe_section_timeouts(client.section_timeouts)
+        else:
+            snapshot = heartbeat_snapshot(client.hb_timeouts)
+            text = describe_heartbeat_timeouts(client.hb_timeouts)
+        if significant_change(self._updated_logged, snapshot):
+            self._updated_logged = snapshot
+            self._log.rank_zero_info("Updated FT timeouts. New values: %s", text)
+        else:
+            self._log.debug("Updated FT timeouts, no significant change: %s", text)
 
     def _log_metrics(self, save: bool = False) -> None:
         """Log what changed of the cycle and the timeouts in force; never raises."""

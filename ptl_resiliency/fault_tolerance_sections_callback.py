@@ -40,8 +40,9 @@ ExcHandlingPolicy = Callable[[BaseException], Optional[WorkloadControlRequest]]
 class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
     """Wraps the phases of training in sections, each with its own timeout.
 
-    Sections (all must be configured in ``rank_section_timeouts``; a ``null`` timeout is
-    infinite until calculated):
+    Sections (all must be configured in ``rank_section_timeouts``, and no other: a section this
+    callback never opens, e.g. a typo, is refused with a ``ConfigError``, a ``ValueError``; a
+    ``null`` timeout is infinite until calculated):
 
     * ``setup``: from this callback's ``setup`` to the first training or validation batch
       (model setup, checkpoint loading, strategy setup, dataloaders).
@@ -120,7 +121,7 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
         timeouts = client.section_timeouts
         return sections_config_error("FaultToleranceSectionsCallback", timeouts.section,
                                      timeouts.out_of_section, self.calculate_timeouts,
-                                     initial_heartbeat=client.hb_timeouts.initial)
+                                     initial_heartbeat=client.hb_timeouts.initial, opens_only_these=True)
 
     def _on_started(self, client: RankMonitorClient) -> None:
         policy: SectionsPolicy = self._policy

@@ -21,6 +21,7 @@ once.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import socket
@@ -34,12 +35,15 @@ from ft_core.client import state as client_state
 from ft_core.client.connection import MonitorConnection, send_to_launcher
 from ft_core.client.ranklog import configure_rank_logging, rank_logger
 from ft_core.client.timeout_bounds import (
+    OUT_OF_SECTION,
     CalculatedMinimums,
     InForceLog,
     bound_heartbeat_timeouts,
     bound_section_timeouts,
     describe_heartbeat_timeouts,
     describe_section_timeouts,
+    heartbeat_derivations,
+    section_derivations,
 )
 from ft_core.client.timeouts_calc import TimeoutsCalc
 from ft_core.wire import protocol
@@ -84,15 +88,19 @@ class RankMonitorClient:
     """Connects one rank to its rank monitor; see the module docstring for the call order.
 
     Attributes:
-        cfg: The effective config received from the monitor (``None`` before init).
-        hb_timeouts: Current heartbeat timeouts.
-        section_timeouts: Current section timeouts.
+        cfg: The config the launcher runs with, every field of it, received from the monitor
+            (``None`` before init); ``cfg.to_yaml_file()`` writes a file
+            ``FaultToleranceConfig.from_yaml_file()`` reads back to an equal config.
+        hb_timeouts: Current heartbeat timeouts: ``None`` until ``init_workload_monitoring()``
+            (the configured ones, then any restored) or ``load_state_dict()`` (the saved ones,
+            applied and bounded at init), as in the reference.
+        section_timeouts: Current section timeouts; ``None`` until then, like ``hb_timeouts``.
     """
 
     def __init__(self) -> None:
         self.cfg: FaultToleranceConfig | None = None
-        self.hb_timeouts = HeartbeatTimeouts()
-        self.section_timeouts = SectionTimeouts()
+        self.hb_timeouts: HeartbeatTimeouts | None = None
+        self.section_timeouts: SectionTimeouts | None = None
         self._conn: MonitorConnection | None = None
         self._slot: ProgressSlot | None = None
         self._mm: Any = None
@@ -172,12 +180,22 @@ class RankMonitorClient:
             describe_section_timeouts(self.section_timeouts, self._minimums, raised.get("section", {})),
         )
 
-    def shutdown_workload_monitoring(self) -> None:
-        """Stop being watched and disconnect. Safe to call more than once."""
+    def shutdown_workload_monitoring(self, *, clean_end: bool = False) -> None:
+        """Stop being watched and disconnect. Safe to call more than once.
+
+        Args:
+            clean_end: The training ended cleanly (completed, or stopped gracefully). The
+                monitor tells the launcher before it answers, so that a process that then
+                aborts in its interpreter's teardown (a process group still alive at exit)
+                is not taken for a crash and restarted (see docs/launcher.md).
+        """
         if not self.is_initialized:
             return
+        message: dict[str, Any] = {"type": protocol.MSG_SHUTDOWN}
+        if clean_end:
+            message["finished"] = True
         with contextlib.suppress(RankMonitorClientError):
-            self._request({"type": protocol.MSG_SHUTDOWN}, quiet=True)
+            self._request(message, quiet=True)
         self._release()
 
     def _release(self) -> None:
@@ -402,10 +420,12 @@ class RankMonitorClient:
                 "after init_workload_monitoring() (pass skip_if_not_ready=True to skip)"
             )
         new = calc.get_hb_timeouts(current=self.hb_timeouts)
+        observed = {"initial": calc.initial_max_time, "subsequent": calc.subsequent_max_time}
+        derivations = heartbeat_derivations(observed, calc.safety_factor, self.hb_timeouts, new)
         raised = bound_heartbeat_timeouts(new, self._minimums)
         self.hb_timeouts = new
         self._send_hb_timeouts()
-        self._in_force.heartbeats(new, raised, "calculated")
+        self._in_force.heartbeats(new, raised, "calculated", derivations)
         return True
 
     def calculate_and_set_section_timeouts(
@@ -460,10 +480,14 @@ class RankMonitorClient:
             raise RankMonitorClientError(
                 f"cannot calculate section timeouts yet: {err} (pass skip_if_not_ready=True to skip)"
             ) from None
+        observed = {name: calc.section_to_max_time[name] for name in selected}
+        if calc_out_of_section:
+            observed[OUT_OF_SECTION] = calc.out_of_section_max_time
+        derivations = section_derivations(observed, calc.safety_factor, self.section_timeouts, new)
         raised = bound_section_timeouts(new, self._minimums, selected, calc_out_of_section)
         self.section_timeouts = new
         self._send_section_timeouts()
-        self._in_force.sections(new, raised, "calculated")
+        self._in_force.sections(new, raised, "calculated", derivations)
         return True
 
     def _require_calc(self, call: str) -> TimeoutsCalc:
@@ -489,15 +513,22 @@ class RankMonitorClient:
     # ------------------------------------------------------------------ state
 
     def state_dict(self) -> dict[str, Any]:
-        """Timeouts as a JSON-serialisable dict, identical on all ranks after a calculation."""
-        return client_state.make_state_dict(self.hb_timeouts, self.section_timeouts)
+        """Timeouts as a JSON-serialisable dict, identical on all ranks after a calculation.
+
+        Before ``init_workload_monitoring()`` and ``load_state_dict()`` there are none: the
+        state then holds no timeout (a later load restores nothing from it).
+        """
+        hb = self.hb_timeouts if self.hb_timeouts is not None else HeartbeatTimeouts()
+        sections = self.section_timeouts if self.section_timeouts is not None else SectionTimeouts()
+        return client_state.make_state_dict(hb, sections)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore timeouts saved by :meth:`state_dict`, before or after init.
 
         Only calculated timeouts are restored (configured ones come from the config), bounded
         like freshly calculated ones (:mod:`ft_core.client.timeout_bounds`). After
-        init they are sent to the monitor at once; before init, at init. A state saved by the
+        init they are sent to the monitor at once; before init, at init (until then
+        ``hb_timeouts`` and ``section_timeouts`` show the state as saved). A state saved by the
         reference's client (``{"current_timeouts": {"heartbeat": ..., "section": ...}}``) is
         read too (see :mod:`ft_core.client.state`).
 
@@ -511,7 +542,10 @@ class RankMonitorClient:
         if self.is_initialized:
             self._apply_state(loaded)
         else:
+            # Shown as saved until init, which applies them over the config's and bounds them.
             self._loaded_state = loaded
+            self.hb_timeouts = copy.deepcopy(loaded.hb)
+            self.section_timeouts = copy.deepcopy(loaded.sections)
 
     def _apply_state(self, loaded: client_state.LoadedState, report: bool = True) -> dict[str, dict[str, float]]:
         """Apply restored calculated timeouts, bounded like freshly calculated ones (a file may

@@ -46,6 +46,7 @@ monitor's timeouts can watch a front end at all.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import NamedTuple, Optional
 
@@ -485,6 +486,7 @@ def sections_config_error(
     calculate_timeouts: bool,
     *,
     initial_heartbeat: Optional[float] = None,
+    opens_only_these: bool = False,
 ) -> Optional[ConfigError]:
     """The reason a sections front end cannot work with the monitor's timeouts, or None.
 
@@ -496,9 +498,15 @@ def sections_config_error(
         initial_heartbeat: The ``initial_rank_heartbeat_timeout`` the monitor enforces. It must
             be infinite: a sections front end sends no heartbeats, and sections are not
             heartbeats, so a finite one would stop the rank when it passes.
+        opens_only_these: The front end opens no section but :data:`SECTIONS` (the Lightning
+            sections callback; the loop integration's users may open their own). A configured
+            section it never opens is then an error, as in the reference: it is most likely a
+            typo (``checkpoint`` for ``checkpointing``) that would leave the real section without
+            its intended timeout.
 
     Returns:
-        A :class:`~ft_core.wire.config.ConfigError` naming what is missing or infinite, or None.
+        A :class:`~ft_core.wire.config.ConfigError` naming what is missing, unknown or infinite,
+        or None.
     """
     if initial_heartbeat is not None:
         return ConfigError(
@@ -514,6 +522,13 @@ def sections_config_error(
             f"{who}: rank_section_timeouts must configure the sections {', '.join(SECTIONS)}; "
             f"missing: {', '.join(missing)} (configured: {dict(section_timeouts)!r}). {_EXAMPLE_SECTIONS}"
         )
+    never_opened = [name for name in section_timeouts if name not in SECTIONS] if opens_only_these else []
+    if never_opened:
+        named = ", ".join(_with_closest(name) for name in never_opened)
+        return ConfigError(
+            f"{who}: rank_section_timeouts configures {named}, which this front end never opens (it opens "
+            f"{', '.join(SECTIONS)} only); remove it, or fix the name. {_EXAMPLE_SECTIONS}"
+        )
     infinite = [name for name, value in section_timeouts.items() if value is None]
     if out_of_section is None:
         infinite.append(OUT_OF_SECTION)
@@ -525,6 +540,12 @@ def sections_config_error(
             "pass calculate_timeouts=True."
         )
     return None
+
+
+def _with_closest(name: str) -> str:
+    """``'checkpoint' (did you mean 'checkpointing'?)`` for a section name that looks like a typo."""
+    close = difflib.get_close_matches(name, SECTIONS, n=1, cutoff=0.6)
+    return f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
 def heartbeats_config_error(

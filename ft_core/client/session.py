@@ -260,7 +260,9 @@ class FrontEndSession:
         Args:
             clean_end: The run completed or stopped gracefully: stop signals that had their
                 default action are absorbed from now on (:meth:`GracefulStop.uninstall`), so a
-                signal that comes after the end cannot fail a finished rank.
+                signal that comes after the end cannot fail a finished rank, and the monitor is
+                told (``shutdown_workload_monitoring(clean_end=True)``), so an abort at the
+                process's exit does not either.
         """
         self._clean_end = clean_end
         releases, self._releases = self._releases, []
@@ -297,7 +299,9 @@ class FrontEndSession:
         if client is None:
             return
         try:
-            client.shutdown_workload_monitoring()
+            # A clean end is the monitor's (and the launcher's) to know: an abort in the teardown
+            # that follows is then no reason to restart a finished job.
+            client.shutdown_workload_monitoring(clean_end=self._clean_end)
         except (OSError, RankMonitorClientError) as err:
             self.log.error("fault tolerance: disconnecting from the monitor failed: %s", err)
 

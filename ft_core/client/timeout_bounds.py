@@ -16,9 +16,13 @@ slow first step after a resume, a data-loader stall, or an evaluation or checkpo
 length on a busy node; their defaults are :data:`~ft_core.wire.config.MIN_CALCULATED_DEFAULTS`.
 
 For logs: :func:`describe_heartbeat_timeouts` and :func:`describe_section_timeouts` state each
-timeout in force and where it comes from (``configured``, ``calculated``, or ``calculated 0.31 s,
-raised to the minimum 60 s``); :func:`significant_change` says when a change deserves an INFO line,
-so that the timeouts are logged when they change, not after every checkpoint.
+timeout in force and where it comes from: ``configured``, ``calculated``, or, for one calculated
+just now (a :class:`Derivation`), what was observed, what was calculated and what applies, e.g.
+``step 60.0 s (calculated: longest observed 0.028 s x safety factor 5 = 0.14 s, averaged with the
+previous 60.0 s = 30.1 s, raised to the minimum 60.0 s of min_calculated_section_timeout)``, so
+that a user sees why a hang took a minute to catch. :func:`significant_change` says when a change
+deserves an INFO line, so that the timeouts are logged when they change, not after every
+checkpoint.
 
 Standard library only.
 """
@@ -43,6 +47,41 @@ Snapshot = dict[str, tuple[Optional[float], bool]]
 """Timeout name -> (seconds or None for no limit, calculated?): what a monitor enforces."""
 
 
+MINIMUM_FIELDS = {
+    "initial_heartbeat": "min_calculated_initial_heartbeat_timeout",
+    "heartbeat": "min_calculated_heartbeat_timeout",
+    "section": "min_calculated_section_timeout",
+    "out_of_section": "min_calculated_out_of_section_timeout",
+}
+"""The config field that sets each minimum (log lines name it: that is what a user changes)."""
+
+
+@dataclass(frozen=True)
+class Derivation:
+    """How one timeout was just calculated, for the log line (before it was bounded).
+
+    Attributes:
+        observed: The longest interval any rank observed, in seconds.
+        safety_factor: The config's factor; ``observed * safety_factor`` is the new estimate.
+        previous: The earlier calculated value the estimate was averaged with (see
+            :mod:`ft_core.client.timeouts_calc`), or None when it replaced a configured one.
+        merged: The value after averaging (the estimate itself without ``previous``).
+    """
+
+    observed: float
+    safety_factor: float
+    previous: Optional[float]
+    merged: float
+
+    def text(self) -> str:
+        """``longest observed 0.028 s x safety factor 5 = 0.14 s[, averaged with the previous 60.0 s = 30.1 s]``."""
+        words = (f"longest observed {seconds_text(self.observed)} x safety factor {self.safety_factor:g} = "
+                 f"{seconds_text(self.observed * self.safety_factor)}")
+        if self.previous is not None:
+            words += f", averaged with the previous {seconds_text(self.previous)} = {seconds_text(self.merged)}"
+        return words
+
+
 @dataclass(frozen=True)
 class CalculatedMinimums:
     """The smallest calculated timeout of each kind that the client applies, in seconds."""
@@ -54,7 +93,7 @@ class CalculatedMinimums:
 
     @classmethod
     def from_config(cls, cfg: Any) -> CalculatedMinimums:
-        """The minimums of a (received) config; a field the process was not sent keeps its default."""
+        """The minimums of a config; a field that is None or missing keeps its default."""
         values = {
             "initial_heartbeat": getattr(cfg, "min_calculated_initial_heartbeat_timeout", None),
             "heartbeat": getattr(cfg, "min_calculated_heartbeat_timeout", None),
@@ -62,6 +101,54 @@ class CalculatedMinimums:
             "out_of_section": getattr(cfg, "min_calculated_out_of_section_timeout", None),
         }
         return cls(**{name: value for name, value in values.items() if value is not None})
+
+
+def heartbeat_derivations(
+    observed: Mapping[str, float], safety_factor: float, current: Optional[HeartbeatTimeouts], new: HeartbeatTimeouts,
+) -> dict[str, Derivation]:
+    """How ``new`` (from :meth:`~ft_core.client.timeouts_calc.TimeoutsCalc.get_hb_timeouts`, not yet
+    bounded) was calculated.
+
+    Args:
+        observed: ``"initial"`` / ``"subsequent"`` -> the longest interval (all ranks).
+        current: The timeouts the calculation merged with (it averages calculated ones only).
+    """
+    merged_with = current if current is not None and current.were_calculated else None
+    derivations = {}
+    for name, longest in observed.items():
+        value = getattr(new, name)
+        if value is not None:
+            previous = getattr(merged_with, name) if merged_with is not None else None
+            derivations[name] = Derivation(longest, safety_factor, previous, value)
+    return derivations
+
+
+def section_derivations(
+    observed: Mapping[str, float], safety_factor: float, current: Optional[SectionTimeouts], new: SectionTimeouts,
+) -> dict[str, Derivation]:
+    """How the values of ``new`` (from
+    :meth:`~ft_core.client.timeouts_calc.TimeoutsCalc.get_section_timeouts`, not yet bounded) named
+    in ``observed`` were calculated.
+
+    Args:
+        observed: Section name or :data:`OUT_OF_SECTION` -> the longest interval (all ranks),
+            for the values calculated now.
+        current: The timeouts the calculation merged with (it averages calculated ones only).
+    """
+    derivations = {}
+    for name, longest in observed.items():
+        previous: Optional[float] = None
+        if name == OUT_OF_SECTION:
+            value = new.out_of_section
+            if current is not None and current.is_out_of_section_calculated:
+                previous = current.out_of_section
+        else:
+            value = new.section.get(name)
+            if current is not None and name in current.calculated_sections:
+                previous = current.section.get(name)
+        if value is not None:
+            derivations[name] = Derivation(longest, safety_factor, previous, value)
+    return derivations
 
 
 def bound_calculated_timeout(seconds: float, minimum: float) -> float:
@@ -154,50 +241,73 @@ def section_snapshot(timeouts: SectionTimeouts) -> Snapshot:
     return snapshot
 
 
-def _origin(calculated: bool, name: str, raised: Mapping[str, float], minimum: Optional[float]) -> str:
+def _origin(
+    calculated: bool, name: str, raised: Mapping[str, float], minimum: Optional[float], minimum_field: str,
+    derivations: Mapping[str, Derivation],
+) -> str:
     if not calculated:
         return "configured"
+    derivation = derivations.get(name)
     if name in raised:
         before = raised[name]
         if minimum is not None and before < minimum:
-            return f"calculated {seconds_text(before)}, raised to the minimum {seconds_text(minimum)}"
-        return f"calculated {seconds_text(before)}, capped"
+            bound = f"raised to the minimum {seconds_text(minimum)} of {minimum_field}"
+        else:
+            bound = "capped"
+        if derivation is not None:
+            return f"calculated: {derivation.text()}, {bound}"
+        return f"calculated {seconds_text(before)}, {bound}"
+    if derivation is not None:
+        return f"calculated: {derivation.text()}"
     return "calculated"
 
 
 def describe_heartbeat_timeouts(
     hb: HeartbeatTimeouts, minimums: Optional[CalculatedMinimums] = None, raised: Mapping[str, float] = {},  # noqa: B006  (read only)
+    derivations: Mapping[str, Derivation] = {},  # noqa: B006  (read only)
 ) -> str:
     """The heartbeat timeouts in force, e.g. ``"initial 600 s (configured), between heartbeats
-    120 s (calculated 0.05 s, raised to the minimum 120 s)"``.
+    120 s (calculated 0.05 s, raised to the minimum 120 s of min_calculated_heartbeat_timeout)"``.
 
     Args:
         raised: What :func:`bound_heartbeat_timeouts` returned, to say which values were raised.
+        derivations: ``"initial"`` / ``"subsequent"`` -> how the value was just calculated
+            (then the words say what was observed and what was calculated).
     """
     if hb.initial is None and hb.subsequent is None:
         return "none (heartbeat checks off)"
     mins = minimums or CalculatedMinimums()
     parts = []
-    for name, label, minimum in (("initial", "initial", mins.initial_heartbeat),
-                                 ("subsequent", "between heartbeats", mins.heartbeat)):
+    for name, label, minimum, kind in (("initial", "initial", mins.initial_heartbeat, "initial_heartbeat"),
+                                       ("subsequent", "between heartbeats", mins.heartbeat, "heartbeat")):
         value = getattr(hb, name)
-        origin = "configured" if value is None else _origin(hb.were_calculated, name, raised, minimum)
+        origin = "configured" if value is None else _origin(
+            hb.were_calculated, name, raised, minimum, MINIMUM_FIELDS[kind], derivations)
         parts.append(f"{label} {seconds_text(value)} ({origin})")
     return ", ".join(parts)
 
 
 def describe_section_timeouts(
     timeouts: SectionTimeouts, minimums: Optional[CalculatedMinimums] = None, raised: Mapping[str, float] = {},  # noqa: B006
+    derivations: Mapping[str, Derivation] = {},  # noqa: B006  (read only)
 ) -> str:
-    """The section timeouts in force, e.g. ``"setup 600 s (configured), step 60 s (calculated
-    0.12 s, raised to the minimum 60 s), out-of-section 300 s (configured)"``."""
+    """The section timeouts in force, e.g. ``"setup 600 s (configured), step 60.0 s (calculated:
+    longest observed 0.028 s x safety factor 5 = 0.14 s, raised to the minimum 60.0 s of
+    min_calculated_section_timeout), out-of-section 300 s (configured)"``.
+
+    Args:
+        raised: What :func:`bound_section_timeouts` returned.
+        derivations: Section name or :data:`OUT_OF_SECTION` -> how the value was just calculated.
+    """
     mins = minimums or CalculatedMinimums()
     if not timeouts.section and timeouts.out_of_section is None:
         return "none (no sections configured)"
     parts = []
     for name, (value, calculated) in section_snapshot(timeouts).items():
+        kind = "out_of_section" if name == OUT_OF_SECTION else "section"
         minimum = mins.out_of_section if name == OUT_OF_SECTION else mins.section
-        origin = "configured" if value is None else _origin(calculated, name, raised, minimum)
+        origin = "configured" if value is None else _origin(
+            calculated, name, raised, minimum, MINIMUM_FIELDS[kind], derivations)
         parts.append(f"{name} {seconds_text(value)} ({origin})")
     return ", ".join(parts)
 
@@ -239,15 +349,17 @@ class InForceLog:
         """The timeouts already reported (e.g. in the connect line): later lines compare to them."""
         self._logged = {"heartbeat": heartbeat_snapshot(hb), "section": section_snapshot(sections)}
 
-    def heartbeats(self, hb: HeartbeatTimeouts, raised: Mapping[str, float], why: str) -> None:
+    def heartbeats(self, hb: HeartbeatTimeouts, raised: Mapping[str, float], why: str,
+                   derivations: Mapping[str, Derivation] = {}) -> None:  # noqa: B006  (read only)
         """Report the heartbeat timeouts in force after ``why`` (e.g. ``"calculated"``)."""
         self._report("heartbeat", heartbeat_snapshot(hb), why,
-                     describe_heartbeat_timeouts(hb, self._minimums, raised))
+                     describe_heartbeat_timeouts(hb, self._minimums, raised, derivations))
 
-    def sections(self, timeouts: SectionTimeouts, raised: Mapping[str, float], why: str) -> None:
+    def sections(self, timeouts: SectionTimeouts, raised: Mapping[str, float], why: str,
+                 derivations: Mapping[str, Derivation] = {}) -> None:  # noqa: B006  (read only)
         """Report the section timeouts in force after ``why``."""
         self._report("section", section_snapshot(timeouts), why,
-                     describe_section_timeouts(timeouts, self._minimums, raised))
+                     describe_section_timeouts(timeouts, self._minimums, raised, derivations))
 
     def _report(self, kind: str, snapshot: Snapshot, why: str, text: str) -> None:
         if significant_change(self._logged.get(kind), snapshot):

@@ -441,8 +441,14 @@ class RankMonitorServer:
         if session is None or session.conn is not conn:
             raise ProtocolError("message from a rank that is not attached")
         if message["type"] == protocol.MSG_SHUTDOWN:
+            finished = message.get("finished") is True
+            if finished:
+                # Before the answer: the rank may exit as soon as it has it, and the launcher
+                # must know by then that an abort in its teardown is not a training failure.
+                self._notify_launcher(messages.RankFinished(
+                    pid=session.pid, **{k: v for k, v in session.info.items() if k in ("rank", "local_rank")}))
             self._io.send(conn, {"type": protocol.MSG_OK})
-            self._end_session("rank shut down monitoring")
+            self._end_session("rank ended its training" if finished else "rank shut down monitoring")
             return
         try:
             session.apply_update(message)

@@ -143,7 +143,9 @@ class RankSession:
         result = stacks.capture(self.stack_target, budget, stopped)
         path, error = None, result.error
         if result.method is None:
-            logger.warning("%s: no stacks: %s", self.describe(), result.error)
+            # a rank that exited has no stack and needs none: the launcher says so once, in its log
+            logger.log(logging.DEBUG if result.exited else logging.WARNING, "%s: no stacks: %s%s", self.describe(),
+                       result.error, f" ({result.note})" if result.note else "")
         else:
             if result.note:
                 logger.info("%s: stacks taken with %s (%s)", self.describe(), result.method, result.note)

@@ -10,10 +10,13 @@ Precedence when the launcher builds the effective config: dataclass defaults < Y
 (``fault_tolerance:`` section) < ``--ft-param-*`` command-line values. A timeout of ``None``
 means "infinite": that check is off until a timeout is set or calculated.
 
-Processes receive only what they use: the launcher holds the whole config, a rank monitor gets
+Every process holds the whole config the launcher runs with: a rank monitor gets
 :meth:`~FaultToleranceConfig.sent_to` ``(Role.MONITOR)`` and hands each rank
-``sent_to(Role.RANK)`` at the handshake; :meth:`~FaultToleranceConfig.as_received` rebuilds a
-config from that, with ``None`` in every field the process was not sent.
+``sent_to(Role.RANK)`` at the handshake, and both are every field (a few hundred bytes), so that a
+rank's ``cfg`` is a valid config that :meth:`~FaultToleranceConfig.to_yaml_file` and
+:meth:`~FaultToleranceConfig.from_yaml_file` round-trip (as the reference's is);
+:meth:`~FaultToleranceConfig.as_received` rebuilds it. :attr:`FieldSpec.used_by` records which
+processes act on a field.
 
 This module imports only the standard library at import time (PyYAML is imported lazily by the
 YAML readers) because the rank monitor, which must stay small, uses it.
@@ -129,7 +132,7 @@ class FieldSpec:
             a command-line/YAML string and returns it normalised; raises :class:`ConfigError`
             naming the field, echoing the value and stating :attr:`accepts`.
         accepts: The accepted values, in words (built from the same bounds ``parse`` checks).
-        used_by: The processes that read this field.
+        used_by: The processes that act on this field (each process receives every field).
         dump: Turns a value into a plain JSON/YAML-safe one that ``parse`` reads back.
         metavar: Placeholder of the value in ``--help``.
     """
@@ -167,9 +170,9 @@ def _spec(f: Field) -> FieldSpec:
 class FaultToleranceConfig:
     """Configuration of hang detection and restarts.
 
-    Every field is validated when the config is built (:class:`ConfigError` otherwise). In a
-    config received by a monitor or a rank (:meth:`as_received`), the fields that process was
-    not sent are ``None``. The fields, their defaults and accepted values:
+    Every field is validated when the config is built (:class:`ConfigError` otherwise). A config
+    received by a monitor or a rank (:meth:`as_received`) is the launcher's, every field of it.
+    The fields, their defaults and accepted values:
     """
 
     workload_check_interval: float = _seconds_field(
@@ -322,16 +325,15 @@ class FaultToleranceConfig:
 
     @classmethod
     def fields_sent_to(cls, role: Role | str) -> tuple[str, ...]:
-        """Names of the fields a process in ``role`` receives.
+        """Names of the fields a process in ``role`` receives: every field, for every role.
 
-        A rank receives what ranks use; a monitor receives what monitors use plus what ranks
-        use (it hands ranks their part at the handshake); the launcher holds every field.
+        A rank's config is the whole one the launcher runs with, not only what the rank acts on,
+        so that it is a valid config (users save it with :meth:`to_yaml_file`, as they do the
+        reference's); a monitor receives it all to hand it on. The cost is a few hundred bytes
+        once per connection.
         """
-        role = Role(role)
-        if role is Role.LAUNCHER:
-            return cls.field_names()
-        wanted = {Role.MONITOR, Role.RANK} if role is Role.MONITOR else {Role.RANK}
-        return tuple(f.name for f in fields(cls) if _spec(f).used_by & wanted)
+        Role(role)  # an unknown role is an error, as before
+        return cls.field_names()
 
     # ------------------------------------------------------------------ constructors
 
@@ -414,6 +416,10 @@ class FaultToleranceConfig:
             raise ConfigError(
                 f"fault tolerance config file {str(cfg_path)!r} is not valid YAML: {err}"
             ) from None
+        except ValueError as err:
+            # A value PyYAML cannot convert: an integer longer than Python's int() reads (whose
+            # message suggests raising sys.set_int_max_str_digits), a date such as 2024-13-45.
+            raise ConfigError(_unconvertible_value_message(str(cfg_path), err)) from None
         found, section = _find_section(data, "fault_tolerance")
         if found and section is None:
             return {}  # "fault_tolerance:" with every field commented out: the defaults
@@ -533,8 +539,8 @@ class FaultToleranceConfig:
     def as_received(cls, data: Mapping[str, Any], role: Role | str) -> FaultToleranceConfig:
         """Rebuild a config from :meth:`sent_to` output, as the process in ``role`` sees it.
 
-        The fields ``role`` is not sent are ``None`` (not their defaults, which could differ
-        from what the launcher uses). ``role`` is a :class:`Role` or its value (``"rank"``).
+        The result is the launcher's config, every field of it (see :meth:`fields_sent_to`).
+        ``role`` is a :class:`Role` or its value (``"rank"``).
 
         Raises:
             ConfigError: ``data`` is not a mapping, lacks a field ``role`` receives, has a field
@@ -550,11 +556,7 @@ class FaultToleranceConfig:
                 f"a {Role(role).value} receives exactly the fields {', '.join(expected)}; "
                 f"missing: {', '.join(missing) or '-'}, not expected: {', '.join(extra) or '-'}"
             )
-        cfg = cls.from_dict(data)
-        for name in cls.field_names():
-            if name not in expected:
-                setattr(cfg, name, None)
-        return cfg
+        return cls.from_dict(data)
 
     def to_yaml_file(self, cfg_path: str | os.PathLike[str]) -> None:
         """Write the config as a ``fault_tolerance:`` section, atomically.
@@ -632,6 +634,37 @@ def _attributes_doc() -> str:
 
 
 FaultToleranceConfig.__doc__ = (FaultToleranceConfig.__doc__ or "") + _attributes_doc()
+
+
+def _unconvertible_value_message(cfg_path: str, err: ValueError) -> str:
+    """Why PyYAML could not convert a value of ``cfg_path``: the line of the first integer too
+    long to read, else PyYAML's own reason."""
+    import sys
+
+    import yaml
+
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()  # Python 3.10.7+; 0: no limit
+    try:
+        with open(cfg_path, encoding="utf-8") as stream:
+            stack = [yaml.compose(stream)]  # nodes only: composing converts no value
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        stack = []
+    seen: set[int] = set()  # aliases can make the node graph cyclic
+    while stack and limit:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if node.tag.endswith(":int") and len(node.value) > limit:
+                return (f"fault tolerance config file {cfg_path!r}, line {node.start_mark.line + 1}: an "
+                        f"integer of {len(node.value)} characters (at most {limit} digits are read; a "
+                        f"timeout is seconds <= {MAX_SECONDS:g}, or null for no limit)")
+        elif isinstance(node, yaml.SequenceNode):
+            stack.extend(reversed(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(item for pair in reversed(node.value) for item in reversed(pair))
+    return f"fault tolerance config file {cfg_path!r} holds a value that cannot be read: {err}"
 
 
 def _find_section(data: Any, key: str) -> tuple[bool, Any]:

@@ -176,6 +176,19 @@ class RankEscalated(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class RankFinished(Message):
+    """``rank_finished``: the rank ended its training cleanly (its front end said so when it shut
+    monitoring down); what the process does from now on is its interpreter's teardown. Sent
+    before the monitor answers the rank, so it reaches the launcher before the rank can exit."""
+
+    TYPE: ClassVar[str] = protocol.MSG_RANK_FINISHED
+
+    pid: int
+    rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    local_rank: int | None = field(default=None, metadata=meta(omit_none=True))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Pong(Message):
     """``pong``: the answer to ``ping``."""
 
@@ -295,7 +308,8 @@ class CaptureStacks(Message):
 
 MESSAGES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (
-        RankHang, RankConnected, RankEscalated, Pong, ProgressReport, StacksCaptured, Ok, Error, MonitorLost,
+        RankHang, RankConnected, RankEscalated, RankFinished, Pong, ProgressReport, StacksCaptured, Ok, Error,
+        MonitorLost,
         LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks,
     )
 }

@@ -67,6 +67,7 @@ MSG_PONG = "pong"
 MSG_PROGRESS_REPORT = "progress_report"
 MSG_STACKS_CAPTURED = "stacks_captured"
 MSG_RANK_ESCALATED = "rank_escalated"
+MSG_RANK_FINISHED = "rank_finished"
 # Rank -> launcher control socket:
 MSG_WORKLOAD_CONTROL = "workload_control"
 # Trampoline -> warm template, and its replies:

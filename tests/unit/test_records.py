@@ -168,6 +168,60 @@ def test_readers_skip_what_they_cannot_read_with_one_warning_per_reason(tmp_path
     assert not [r for r in caplog.records if r.exc_info]
 
 
+_CYCLE = {"event": "cycle_start", "ts": 2.0, "node": "n", "pid": 1, "run_id": "r", "cycle": 0}
+ODD_LINES = {  # issue 21 item 12: each is one bad line, never a traceback
+    "nested": '{"event": "cycle_start", "ts": 2, "cycle": 0, "ranks": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    "ts Infinity": json.dumps({**_CYCLE, "ts": float("inf")}),
+    "ts NaN": json.dumps({**_CYCLE, "ts": float("nan")}),
+    "ts 1e300": json.dumps({**_CYCLE, "ts": 1e300}),
+    "ts negative": json.dumps({**_CYCLE, "ts": -5}),
+    "ts a bool": json.dumps({**_CYCLE, "ts": True}),
+    "detected_at 1e300": json.dumps({"event": "failure", "ts": 3.0, "node": "n", "run_id": "r", "cycle": 0,
+                                     "cause": "exit code 1", "cause_kind": "exit", "detected_at": 1e300}),
+    "cycle 1.5": json.dumps({**_CYCLE, "cycle": 1.5}),
+    "cycle of a failure 0.5": json.dumps({"event": "failure", "ts": 3.0, "node": "n", "run_id": "r", "cycle": 0.5,
+                                          "cause": "x", "cause_kind": "exit"}),
+    "cycle of workers_ready a string": json.dumps({"event": "workers_ready", "ts": 3.0, "node": "n", "cycle": "0"}),
+    "pid 2.5": json.dumps({**_CYCLE, "pid": 2.5}),
+    "pid a string": json.dumps({**_CYCLE, "pid": "1"}),
+    "node a list": json.dumps({**_CYCLE, "node": ["n"]}),
+    "run_id a dict": json.dumps({**_CYCLE, "run_id": {"a": 1}}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ODD_LINES))
+def test_an_odd_line_is_one_skipped_record_with_its_reason(name, tmp_path):
+    path = tmp_path / "ft_events.jsonl"
+    path.write_text(json.dumps(_CYCLE) + "\n" + ODD_LINES[name] + "\n")
+    skipped: collections.Counter = collections.Counter()
+    assert list(read_events(path, skipped)) == [CycleStart(**{k: v for k, v in _CYCLE.items() if k != "event"})]
+    [(reason, count)] = skipped.items()
+    assert count == 1 and ("nested too deeply" in reason or "malformed" in reason), reason
+
+
+def test_the_envelope_may_be_null_or_absent():
+    record, reason = records.parse({"event": "cycle_start", "ts": 0, "cycle": 0, "node": None, "pid": None})
+    assert reason == "" and record.node is None and record.ts == 0.0
+
+
+@pytest.mark.parametrize("found, text", [((True, False), "yes (flag file present: /f)"),
+                                         ((False, False), "no (no flag file at /f)"),
+                                         ((None, None), "-")])
+def test_ft_report_finished_from_the_launchers_flag_file(tmp_path, found, text):
+    # without history.tsv: finished when the last launcher of any node found the flag file
+    from launcher import report
+
+    lines = []
+    for node, finished in zip(("a", "b"), found, strict=True):
+        flag = "/f" if finished is not None else None
+        lines.append(Result(ts=5.0, node=node, pid=1, run_id=node, outcome="succeeded", finished_flag_file=flag,
+                            finished=finished).to_wire())
+    path = tmp_path / "ft_events.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    values = report.figures(report.load(path))
+    assert f"finished: {text}" in report.figure_lines(values)[0]
+
+
 def test_ft_report_counts_what_it_skipped(tmp_path):
     from launcher import report
 

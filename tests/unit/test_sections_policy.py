@@ -310,8 +310,9 @@ def test_heartbeats_config_check(initial, subsequent, oos, calculate, message):
 
 def test_the_policy_is_pure():
     # Importing any ft_core module imports the package (and its client), so the check is on the
-    # module's own imports: the standard library's typing helpers, ConfigError and the graceful
-    # stop's exception class (ft_core.wire.errors holds only exception classes), nothing else.
+    # module's own imports: the standard library's typing helpers and difflib (a likely typo in a
+    # section name), ConfigError and the graceful stop's exception class (ft_core.wire.errors holds
+    # only exception classes), nothing else.
     tree = ast.parse(Path(sections_policy.__file__).read_text())
     imported = set()
     for node in ast.walk(tree):
@@ -319,4 +320,5 @@ def test_the_policy_is_pure():
             imported |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add(node.module)
-    assert imported == {"__future__", "collections.abc", "typing", "ft_core.wire.config", "ft_core.wire.errors"}
+    assert imported == {"__future__", "collections.abc", "difflib", "typing", "ft_core.wire.config",
+                        "ft_core.wire.errors"}

@@ -1,0 +1,184 @@
+"""Failures that repeat: a fingerprint of what failed, and the rule that stops a crash loop.
+
+A restart helps with a failure that does not come back. A deterministic bug, a corrupt shard or a
+bad node fails the job again after every restart, at the same place. :func:`fingerprint` names
+what failed in a way that is the same for such a repeat and different for another failure: the
+kind of failure, its cause with the numbers, addresses and pids that change from run to run
+replaced, and the innermost frame of the user's code. :class:`CrashLoopGuard` watches the
+fingerprint and the step of each failed cycle's root and says stop when the same fingerprint ends
+``max_cycles`` consecutive cycles without the step moving on by ``min_progress_steps``.
+
+Every node computes the same fingerprint: it is made from the root's
+:class:`~launcher.culprit.RankState`, which every node chooses from the same exchanged views.
+Pure (no clock, no I/O).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ft_core.wire.stacks import innermost_user_frame
+from launcher import culprit
+from launcher.culprit import RankState
+
+DEFAULT_MAX_NO_PROGRESS_CYCLES = 2
+"""Consecutive failed cycles with one fingerprint and no progress that stop the restarts."""
+DEFAULT_MIN_PROGRESS_STEPS = 1
+"""Steps the root's step must pass the previous failure's step by to count as progress."""
+
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+_NUMBER = re.compile(r"(?<![A-Za-z_#\d.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+_EXIT_CODE = re.compile(r"exit code (\d+)")
+_PID = re.compile(r"\bpid[ =:]*\d+", re.IGNORECASE)
+_SPACE = re.compile(r"\s+")
+MAX_TEXT_CHARS = 300
+
+
+def normalise(text: str) -> str:
+    """``text`` with what changes between two runs of the same failure replaced: addresses by
+    ``0x?``, pids and other numbers (not an exit code) by ``N``, runs of white space by one space;
+    at most 300 characters."""
+    text = _EXIT_CODE.sub(r"exit code #\1", text)  # an exit code tells failures apart: kept
+    text = _PID.sub("pid N", text)
+    text = _ADDRESS.sub("#address", text)
+    text = _NUMBER.sub("N", text).replace("exit code #", "exit code ").replace("#address", "0x?")
+    return _SPACE.sub(" ", text).strip()[:MAX_TEXT_CHARS]
+
+
+def _frame_without_line(frame: str | None) -> str | None:
+    """``file function`` of a ``file:line function`` frame: an edit elsewhere in the file moves
+    the line of the same bug."""
+    if not frame:
+        return None
+    location, _, function = frame.rpartition(" ")
+    path = location.rpartition(":")[0] or location
+    return f"{path} {function}".strip()
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What failed, in a form two failures of one cause share.
+
+    Attributes:
+        kind: ``crash``, ``hang``, ``stopped`` (found through another rank's timeout) or ``lost``
+            (a node that sent no report).
+        what: The normalised cause (exception type and message, hang kind and section, signal).
+        where: The innermost user frame (``file function``), or the node for a lost node.
+    """
+
+    kind: str
+    what: str
+    where: str | None = None
+
+    @property
+    def digest(self) -> str:
+        """12 hex digits that name the fingerprint in records and reports."""
+        text = "\x1f".join((self.kind, self.what, self.where or ""))
+        return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:12]
+
+    def describe(self) -> str:
+        """One phrase for the log: ``crash: exit code N: ValueError: bad shard N at train.py step``."""
+        return f"{self.kind}: {self.what}" + (f" at {self.where}" if self.where else "")
+
+
+def fingerprint(root: RankState) -> Fingerprint:
+    """The fingerprint of a failed cycle, from its root rank (as :func:`launcher.culprit.choose_root`
+    chose it)."""
+    if root.outcome == culprit.LOST:
+        # A lost node: which node, not what its ranks were doing (nothing was reported).
+        return Fingerprint(culprit.LOST, "node sent no report", root.node or None)
+    frame = innermost_user_frame(list(root.stack_frames)) if root.stack_frames else None
+    return Fingerprint(root.outcome, normalise(root.cause), _frame_without_line(frame))
+
+
+@dataclass(frozen=True)
+class CycleFailure:
+    """One failed cycle as the guard sees it.
+
+    Attributes:
+        cycle: The cycle's index.
+        fingerprint: Its root's fingerprint.
+        step: The root rank's last step (``set_step`` or the callbacks' step), None if unknown.
+    """
+
+    cycle: int
+    fingerprint: Fingerprint
+    step: int | None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The guard's answer after a failed cycle.
+
+    Attributes:
+        stop: True when the restarts must stop: the failure repeats without progress.
+        repeats: The consecutive failed cycles, oldest first, that share the fingerprint with no
+            progress between them (just the last one when it does not repeat).
+        text: The sentence the launcher logs and records when it stops.
+    """
+
+    stop: bool
+    repeats: tuple[CycleFailure, ...]
+    text: str = ""
+
+
+class CrashLoopGuard:
+    """Decides, after each failed cycle, whether the failure repeats without progress.
+
+    Args:
+        max_cycles: Consecutive failed cycles with one fingerprint and no progress that stop the
+            restarts (0: never stop for this reason).
+        min_progress_steps: How far the root's step must pass the previous failure's step to be
+            progress.
+
+    A cycle whose step is unknown (a script that never reports a step) neither counts as a repeat
+    nor as progress: without a step a crash loop is bounded by ``--max-restarts`` alone, and a
+    transient failure is never taken for a repeat.
+    """
+
+    def __init__(self, max_cycles: int = DEFAULT_MAX_NO_PROGRESS_CYCLES,
+                 min_progress_steps: int = DEFAULT_MIN_PROGRESS_STEPS) -> None:
+        if max_cycles < 0:
+            raise ValueError(f"max_no_progress_cycles must be >= 0, got {max_cycles}")
+        if min_progress_steps < 1:
+            raise ValueError(f"min_progress_iterations must be >= 1, got {min_progress_steps}")
+        self.max_cycles = max_cycles
+        self.min_progress_steps = min_progress_steps
+        self._run: list[CycleFailure] = []
+
+    @property
+    def repeats(self) -> Sequence[CycleFailure]:
+        """The current run of repeated failures, oldest first."""
+        return tuple(self._run)
+
+    def on_failure(self, failure: CycleFailure) -> Verdict:
+        """Note a failed cycle and say whether to stop restarting."""
+        last = self._run[-1] if self._run else None
+        if last is not None and self._repeats(last, failure):
+            self._run.append(failure)
+        else:
+            self._run = [failure]
+        run = tuple(self._run)
+        if self.max_cycles == 0 or len(run) < self.max_cycles:
+            return Verdict(False, run)
+        return Verdict(True, run, self._text(run))
+
+    def on_progress(self) -> None:
+        """Forget the run: the workers got past where they failed (a cycle that succeeded)."""
+        self._run = []
+
+    def _repeats(self, last: CycleFailure, new: CycleFailure) -> bool:
+        if new.fingerprint != last.fingerprint or new.step is None or last.step is None:
+            return False
+        return new.step < last.step + self.min_progress_steps
+
+    def _text(self, run: tuple[CycleFailure, ...]) -> str:
+        cycles = ", ".join(str(f.cycle) for f in run)
+        steps = sorted({f.step for f in run if f.step is not None})
+        at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        return (f"the same failure ({run[-1].fingerprint.describe()}) ended cycles {cycles} at {at} "
+                f"without progress (fingerprint {run[-1].fingerprint.digest}): a restart will not fix it; "
+                f"not restarting (--ft-max-no-progress-cycles {self.max_cycles})")

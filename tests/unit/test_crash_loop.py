@@ -1,0 +1,106 @@
+"""launcher.crash_loop: fingerprints and the no-progress rule, as tables."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher import culprit
+from launcher.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint, fingerprint, normalise
+from launcher.culprit import RankState
+
+USER = "/home/me/train.py"
+
+
+def state(cause: str = "exit code 1: ValueError: bad shard 17", outcome: str = culprit.CRASH,
+          frames: tuple[str, ...] = (), node: str = "node1") -> RankState:
+    return RankState(rank=1, local_rank=1, node=node, group_rank=0, pid=4242, outcome=outcome, cause=cause,
+                     stack_frames=frames)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("exit code 1: ValueError: bad shard 17", "exit code 1: ValueError: bad shard N"),
+    ("exit code 137", "exit code 137"),
+    ("hang: section 'step' open 12.3 s > timeout 10.0 s", "hang: section 'step' open N s > timeout N s"),
+    ("RuntimeError: tensor at 0x7f3a2b10 (pid 991)", "RuntimeError: tensor at 0x? (pid N)"),
+    ("signal SIGSEGV", "signal SIGSEGV"),
+    ("a   b\n c", "a b c"),
+    ("x" * 400, "x" * 300),
+])
+def test_normalise_replaces_what_changes_between_runs(text: str, expected: str) -> None:
+    assert normalise(text) == expected
+
+
+def test_same_bug_same_fingerprint_across_runs_and_lines() -> None:
+    first = fingerprint(state("exit code 1: ValueError: bad shard 17", frames=(f"{USER}:30 step",)))
+    second = fingerprint(state("exit code 1: ValueError: bad shard 23", frames=(f"{USER}:31 step",)))
+    assert first == second and first.digest == second.digest
+    assert first.where == f"{USER} step"
+
+
+@pytest.mark.parametrize("other", [
+    state("exit code 1: KeyError: 'lr'"),
+    state("exit code 2: ValueError: bad shard 17"),
+    state("signal SIGSEGV", outcome=culprit.CRASH),
+    state("hang: section 'step' open 12.3 s > timeout 10.0 s", outcome=culprit.HANG),
+    state("exit code 1: ValueError: bad shard 17", frames=(f"{USER}:90 evaluate",)),
+])
+def test_other_failures_other_fingerprints(other: RankState) -> None:
+    assert fingerprint(other) != fingerprint(state())
+
+
+def test_a_lost_node_is_fingerprinted_by_its_node() -> None:
+    lost = fingerprint(state("no report", outcome=culprit.LOST, node="node2"))
+    assert lost.kind == culprit.LOST and lost.where == "node2"
+    assert lost != fingerprint(state("no report", outcome=culprit.LOST, node="node3"))
+
+
+F = Fingerprint("crash", "exit code 1: ValueError: bad shard N", f"{USER} step")
+G = Fingerprint("crash", "exit code 1: KeyError: 'lr'", f"{USER} step")
+
+
+@pytest.mark.parametrize("failures,max_cycles,min_steps,stops_at", [
+    # The deterministic bug: the same failure at the same step stops at the second cycle.
+    ([(F, 30), (F, 30)], 2, 1, 1),
+    ([(F, 30), (F, 30), (F, 30)], 3, 1, 2),
+    # Progress between failures: never stops.
+    ([(F, 30), (F, 31), (F, 32), (F, 33)], 2, 1, None),
+    # Less progress than asked for is no progress.
+    ([(F, 30), (F, 35)], 2, 10, 1),
+    # An earlier step (restarted from an older checkpoint) is no progress either.
+    ([(F, 30), (F, 20)], 2, 1, 1),
+    # Different failures: a transient one between two of the same resets the run.
+    ([(F, 30), (G, 30), (F, 30)], 2, 1, None),
+    # Unknown steps never count.
+    ([(F, None), (F, None), (F, None)], 2, 1, None),
+    ([(F, 30), (F, None), (F, 30)], 2, 1, None),
+    # Off.
+    ([(F, 30), (F, 30), (F, 30)], 0, 1, None),
+])
+def test_guard_table(failures: list[tuple[Fingerprint, int | None]], max_cycles: int, min_steps: int,
+                     stops_at: int | None) -> None:
+    guard = CrashLoopGuard(max_cycles, min_steps)
+    verdicts = [guard.on_failure(CycleFailure(cycle, fp, step)) for cycle, (fp, step) in enumerate(failures)]
+    stopped = [i for i, v in enumerate(verdicts) if v.stop]
+    assert (stopped[0] if stopped else None) == stops_at
+
+
+def test_the_stop_says_which_failure_repeated_where_and_in_which_cycles() -> None:
+    guard = CrashLoopGuard(2, 1)
+    guard.on_failure(CycleFailure(0, F, 30))
+    verdict = guard.on_failure(CycleFailure(1, F, 30))
+    assert verdict.stop and [f.cycle for f in verdict.repeats] == [0, 1]
+    assert "ValueError: bad shard N" in verdict.text and "cycles 0, 1" in verdict.text
+    assert "step 30" in verdict.text and F.digest in verdict.text
+
+
+def test_success_forgets_the_run() -> None:
+    guard = CrashLoopGuard(2, 1)
+    guard.on_failure(CycleFailure(0, F, 30))
+    guard.on_progress()
+    assert not guard.on_failure(CycleFailure(1, F, 30)).stop
+
+
+@pytest.mark.parametrize("max_cycles,min_steps", [(-1, 1), (2, 0)])
+def test_bad_settings_are_refused(max_cycles: int, min_steps: int) -> None:
+    with pytest.raises(ValueError, match=">="):
+        CrashLoopGuard(max_cycles, min_steps)
