@@ -102,19 +102,20 @@ bench-peer: $(STAMP) $(PEER_STAMP)
 	$(PY) bench/run_all.py --peer-python $(PEER_PY) $(BENCH_ARGS)
 
 # The static checks of tests/unit/test_torch_hooks.py (tests/torch_source_checks.py) on the
-# sources of every supported torch minor (tests/torch_versions.py): each wheel is downloaded
-# once (0.2-0.9 GB, 2-20 s each here), only torch/distributed/*.py is kept in the cache.
+# sources of every supported torch minor, 2.8 to 2.15 (tests/torch_versions.py): each wheel is
+# downloaded once (0.2-0.9 GB, 4-40 s each here), only torch/distributed/*.py is kept in the cache.
 TORCH_VERSIONS ?=
 TORCH_SRC_CACHE ?= $(HOME)/.cache/ptl-resiliency/torch-src
 check-torch-versions: $(STAMP)
 	$(PY) -m tests.torch_versions --cache '$(TORCH_SRC_CACHE)' $(TORCH_VERSIONS)
 
-# The launcher's tests against the oldest supported torch, in .venv-torch-oldest. Not in CI:
-# PyPI's Linux torch wheels need the CUDA libraries even on CPU, about 3 GB of downloads
-# (measured: see docs/development.md).
-TORCH_OLDEST ?= torch==2.12.1
+# The launcher's tests against the oldest supported torch (2.8: no shutdown timeout in its agent,
+# launcher/torch_compat.py), in .venv-torch-oldest. Not in CI: PyPI's Linux torch wheels need
+# the CUDA libraries even on CPU, about 3 GB of downloads (measured: see docs/development.md).
+TORCH_OLDEST ?= torch==2.8.0
 OLDEST_VENV ?= .venv-torch-oldest
-OLDEST_TESTS ?= tests/unit/test_torch_hooks.py tests/unit/test_launcher_cli.py tests/integration/test_launcher.py
+OLDEST_TESTS ?= tests/unit/test_torch_hooks.py tests/unit/test_launcher_cli.py tests/integration/test_launcher.py \
+	tests/integration/test_torch_range.py
 test-torch-oldest:
 	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install -q '$(TORCH_OLDEST)'

@@ -56,9 +56,10 @@ from launcher import processes
 from launcher.agent_phase import AgentPhase
 from launcher.clean_end import AT_EXIT_SIGNAL, CleanEnds
 from launcher.control_server import ControlServer
+from launcher.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint
 from launcher.culprit import LostNode, RankState
 from launcher.events import EventLog
-from launcher.failures import KIND_TERMINATED, Exchanged, failure_records, group_unhealthy_record
+from launcher.failures import KIND_TERMINATED, Exchanged, FailureRecord, failure_records, group_unhealthy_record
 from launcher.incident import CycleWatch, about_an_earlier_worker
 from launcher.monitors import UNRESPONSIVE, MonitorPool
 from launcher.records import (
@@ -182,6 +183,9 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._control = control
         self._events = events
         self._policy = restart_policy
+        self._crash_loop = CrashLoopGuard(ft_cfg.max_no_progress_cycles, ft_cfg.min_progress_iterations)
+        self.last_fingerprint: Fingerprint | None = None
+        """The root failure of the latest failed cycle (for the result file), None before one."""
         self._channel = StoreChannel()
         self.cycle = -1
         """Index of the latest cycle (-1 before the first start)."""
@@ -500,9 +504,19 @@ class FaultTolerantAgent(LocalElasticAgent):
                 worker_group.group_rank, self.cycle):
             healthy = self._channel.healthy_nodes(worker_group.group_world_size)
         spec = worker_group.spec
+        records = self._failure_records(worker_group, result)
+        cycle_failure = next(((r.fingerprint, r.root_step) for r in records if r.fingerprint is not None), None)
+        self.last_fingerprint = cycle_failure[0] if cycle_failure is not None else None
+        verdict = self._crash_loop.on_failure(CycleFailure(self.cycle, *cycle_failure)) if cycle_failure else None
+        if verdict is not None and verdict.stop:
+            # Every node chose the same root from the same views, so every node stops here too.
+            self._write_failures(records, verdict.text)
+            self._enter(AgentPhase.REPEATED)
+            self._remaining_restarts = 0  # torch's loop then stops the workers instead of restarting
+            return RunResult(state=WorkerState.FAILED, failures=result.failures)
         decision = self._policy.on_failure(remaining_restarts=self._remaining_restarts,
                                            max_restarts=spec.max_restarts, healthy_nodes=healthy)
-        self._log_failures(worker_group, result, decision.text)
+        self._write_failures(records, decision.text)
         if decision.action == WAIT:
             self._enter(AgentPhase.WAITING)
             return RunResult(state=WorkerState.HEALTHY)
@@ -521,13 +535,18 @@ class FaultTolerantAgent(LocalElasticAgent):
         return RunResult(state=WorkerState.FAILED)
 
     def _log_failures(self, worker_group: WorkerGroup, result: RunResult, decision: str) -> None:
+        self._write_failures(self._failure_records(worker_group, result), decision)
+
+    def _failure_records(self, worker_group: WorkerGroup, result: RunResult) -> list[FailureRecord]:
         now = time.time()
         evidence = self._watch.evidence(self._events.node, worker_group.group_rank)
-        records = failure_records(
+        return failure_records(
             result.failures, local_ranks={w.global_rank: w.local_rank for w in worker_group.workers},
             hangs=self._watch.hangs, stopped_by_us=self._stopped_by_us, cycle=self.cycle, now=now,
             evidence=evidence, exchange=lambda states: self._exchange_views(worker_group, states),
         ) or [group_unhealthy_record(self.cycle, now)]
+
+    def _write_failures(self, records: list[FailureRecord], decision: str) -> None:
         for record in records:
             if record.pid is not None:  # torch's pid is the stand-in's under warm restarts
                 record = dataclasses.replace(record, pid=self._workers.worker_pid(record.pid))

@@ -9,6 +9,7 @@ them, and :meth:`AgentPhase.check` is the one place that says which changes are 
     WAITING --too few healthy nodes--> FAILED
     STARTING/RUNNING --every worker exited 0--> SUCCEEDED
     STARTING/RUNNING --ShutdownWorkload--> SHUTDOWN;  --ExcludeThisNode--> EXCLUDED --ShutdownWorkload--> SHUTDOWN
+    STARTING/RUNNING --the same failure again, no progress--> REPEATED
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class AgentPhase(enum.Enum):
     """A ShutdownWorkload request (here or on another node): the workers stop, no restart, exit 64."""
     EXCLUDED = "excluded"
     """An ExcludeThisNode request: this node's workers stop, the others go on, exit 65."""
+    REPEATED = "repeated"
+    """The same failure ended ``max_no_progress_cycles`` cycles without progress
+    (:mod:`launcher.crash_loop`): the workers stop, no restart, exit ``no_restart_exit_code``."""
 
     def check(self, new: AgentPhase) -> AgentPhase:
         """Return ``new`` if the agent may go from this phase to it.
@@ -61,12 +65,13 @@ _REQUESTS = {AgentPhase.SHUTDOWN, AgentPhase.EXCLUDED}
 _ALLOWED: dict[AgentPhase, set[AgentPhase]] = {
     AgentPhase.IDLE: {AgentPhase.STARTING},
     AgentPhase.STARTING: {AgentPhase.STARTING, AgentPhase.RUNNING, AgentPhase.FAILED, AgentPhase.WAITING,
-                          AgentPhase.SUCCEEDED, *_REQUESTS},
+                          AgentPhase.SUCCEEDED, AgentPhase.REPEATED, *_REQUESTS},
     AgentPhase.RUNNING: {AgentPhase.STARTING, AgentPhase.FAILED, AgentPhase.WAITING, AgentPhase.SUCCEEDED,
-                         *_REQUESTS},
+                         AgentPhase.REPEATED, *_REQUESTS},
     AgentPhase.FAILED: {AgentPhase.STARTING},
     AgentPhase.WAITING: {AgentPhase.STARTING, AgentPhase.FAILED},
     AgentPhase.SUCCEEDED: set(),
     AgentPhase.SHUTDOWN: set(),
+    AgentPhase.REPEATED: set(),
     AgentPhase.EXCLUDED: {AgentPhase.SHUTDOWN},
 }

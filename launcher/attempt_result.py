@@ -32,7 +32,8 @@ def check_result_path(path: str) -> str | None:
     return None
 
 
-def write_result(path: str, exit_code: int, outcome: str, root_nodes: Sequence[str]) -> bool:
+def write_result(path: str, exit_code: int, outcome: str, root_nodes: Sequence[str],
+                 fingerprint: tuple[str, str] | None = None) -> bool:
     """Write the result file atomically; False (and a warning) if it could not be written.
 
     Args:
@@ -41,11 +42,19 @@ def write_result(path: str, exit_code: int, outcome: str, root_nodes: Sequence[s
         outcome: The run's outcome, as in the ``result`` event record (one line).
         root_nodes: Host names named as the root of the failure that ended the run; names that
             are not plain host names are left out.
+        fingerprint: ``(digest, text)`` of the last failed cycle's root failure
+            (:mod:`launcher.crash_loop`), written as ``fingerprint=`` and ``fingerprint_text=``
+            (one line, printable, at most 200 characters); None: both empty.
     """
+    def _one_line(text: str) -> str:
+        return "".join(c if c.isprintable() else " " for c in " ".join(str(text).split()))[:200]
+
     nodes = [node for node in root_nodes if _HOST_NAME.fullmatch(node)][:MAX_ROOT_NODES]
     text = (f"exit_code={int(exit_code)}\n"
             f"outcome={' '.join(str(outcome).split())[:200]}\n"
-            f"root_nodes={','.join(nodes)}\n")
+            f"root_nodes={','.join(nodes)}\n"
+            f"fingerprint={_one_line(fingerprint[0]) if fingerprint else ''}\n"
+            f"fingerprint_text={_one_line(fingerprint[1]) if fingerprint else ''}\n")
     try:
         atomic_write_bytes(path, text.encode())
     except OSError as err:

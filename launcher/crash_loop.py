@@ -16,6 +16,7 @@ Pure (no clock, no I/O).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,13 +50,14 @@ def normalise(text: str) -> str:
 
 
 def _frame_without_line(frame: str | None) -> str | None:
-    """``file function`` of a ``file:line function`` frame: an edit elsewhere in the file moves
-    the line of the same bug."""
+    """``file.py function`` of a ``path/file.py:line function`` frame: an edit elsewhere in the
+    file moves the line of the same bug, and the path differs between a cold start (absolute), a
+    warm one (as typed) and the nodes' checkouts."""
     if not frame:
         return None
     location, _, function = frame.rpartition(" ")
     path = location.rpartition(":")[0] or location
-    return f"{path} {function}".strip()
+    return f"{os.path.basename(path)} {function}".strip()
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class Fingerprint:
         kind: ``crash``, ``hang``, ``stopped`` (found through another rank's timeout) or ``lost``
             (a node that sent no report).
         what: The normalised cause (exception type and message, hang kind and section, signal).
-        where: The innermost user frame (``file function``), or the node for a lost node.
+        where: The innermost user frame (``file.py function``), or the node for a lost node.
     """
 
     kind: str

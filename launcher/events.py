@@ -182,6 +182,9 @@ class EventLog:
             explanation=failure.explanation,
             detected_at=failure.detected_at,
             decision=decision,
+            fingerprint=failure.fingerprint.digest if failure.fingerprint is not None else None,
+            fingerprint_text=failure.fingerprint.describe() if failure.fingerprint is not None else None,
+            root_step=failure.root_step,
             **_plain(failure.detail),
         ))
 

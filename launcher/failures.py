@@ -10,6 +10,7 @@ worker of this node, the root first. Which rank is the root and which are collat
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from ft_core.monitor.deadlines import HangKind
 from ft_core.wire.messages import ProgressReport, RankHang, StackCapture, StacksCaptured
 from ft_core.wire.stacks import innermost_user_frame
 from launcher import culprit
+from launcher.crash_loop import Fingerprint, fingerprint
 from launcher.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
 
 KIND_HANG = "hang"
@@ -53,6 +55,9 @@ class FailureRecord:
             the root, which may be on another node).
         explanation: The sentence the launcher's line adds, e.g. ``rank 1 froze in step 61
             (outside any section for 3.0 s); rank 0 stopped waiting for it``.
+        fingerprint: What the cycle's root failure was (:mod:`launcher.crash_loop`; every record
+            of the cycle carries the root's, on every node), None without a root.
+        root_step: The root rank's last step, None if unknown.
     """
 
     cycle: int
@@ -65,6 +70,8 @@ class FailureRecord:
     detail: dict[str, Any] = field(default_factory=dict)
     role: str = ROOT
     explanation: str = ""
+    fingerprint: Fingerprint | None = None
+    root_step: int | None = None
 
 
 class ProcessFailureLike(Protocol):
@@ -167,8 +174,11 @@ def failure_records(
     everyone = [*states, *(s for s in remote if not any(s.same_rank(mine) for mine in states))]
     root = culprit.choose_root(everyone, exchanged.lost, exchanged.waited)
     collateral = [s for s in everyone if root is None or not s.same_rank(root)]
+    cycle_fingerprint = fingerprint(root) if root is not None else None
+    root_step = root.progress.step if root is not None and root.progress is not None else None
     for record, state in zip(records, states, strict=True):
         _explain(record, state, root, collateral, evidence)
+        record.fingerprint, record.root_step = cycle_fingerprint, root_step
     records.sort(key=lambda r: (r.role != ROOT, r.kind == KIND_TERMINATED, r.kind != KIND_HANG,
                                 r.detected_at, r.local_rank))
     return records
@@ -203,6 +213,10 @@ def _one(global_rank: int, local_rank: int, failure: ProcessFailureLike, hang: R
             seen.append(report.disconnected_at)
         detected_at = min(seen) if outcome == culprit.CRASH else now
         error = worker_error(failure.message)
+        if not (captured and captured.stack_frames):
+            crash_frames = traceback_frames(failure.message)
+            if crash_frames:
+                captured = StackCapture(stack_frames=crash_frames, stack_method="traceback")
         if error:
             detail["error"] = error
             if kind == KIND_EXIT:  # the exception's summary line, e.g. "ValueError: bad lr"
@@ -287,6 +301,23 @@ def worker_error(message: Any) -> str:
 
 
 MAX_SUMMARY_CHARS = 300
+
+
+_TRACEBACK_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (\S+)', re.M)
+MAX_TRACEBACK_FRAMES = 20
+
+
+def traceback_frames(message: Any) -> list[str]:
+    """The frames (``file:line function``, innermost first) of the traceback torch's error file
+    holds (``extraInfo.py_callstack``, written by ``@record`` or our front ends); [] without one."""
+    if not isinstance(message, dict):
+        return []
+    extra = message.get("extraInfo")
+    callstack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    if not isinstance(callstack, str):
+        return []
+    frames = [f"{path}:{line} {function}" for path, line, function in _TRACEBACK_FRAME.findall(callstack[-20000:])]
+    return frames[::-1][:MAX_TRACEBACK_FRAMES]
 
 
 def error_summary(error: str) -> str:

@@ -61,7 +61,7 @@ from launcher.launch_config import (
 from launcher.monitors import MonitorPool
 from launcher.options import LauncherOptions, UsageError, config_sources
 from launcher.records import LauncherStart, MonitorsStarted, Result, StoreLost
-from launcher.restart_policy import OUTCOME_EXCLUDED, OUTCOME_SHUTDOWN, RestartPolicy
+from launcher.restart_policy import OUTCOME_EXCLUDED, OUTCOME_REPEATED, OUTCOME_SHUTDOWN, RestartPolicy
 from launcher.sentinel import Sentinel
 from launcher.signals import JOB_WIDE_WINDOW, SignalHandling
 from launcher.warm.cold import ColdStart, StartCoordinator
@@ -320,6 +320,8 @@ class LauncherRun:
                 # keep the store (hosted here with c10d) up until the other nodes saw the request
                 agent.wait_for_shutdown_acks(SHUTDOWN_ACK_TIMEOUT)
                 result = _Result(OUTCOME_SHUTDOWN, exit_codes.EXIT_SHUTDOWN_REQUESTED)
+            elif agent.phase is AgentPhase.REPEATED:
+                result = _Result(OUTCOME_REPEATED, self._ft_cfg.no_restart_exit_code)
             elif agent.phase is AgentPhase.EXCLUDED:
                 close = False  # closing it would end the job for the remaining nodes
                 result = _Result(OUTCOME_EXCLUDED, exit_codes.EXIT_NODE_EXCLUDED)
@@ -408,8 +410,11 @@ class LauncherRun:
         self._events.record_event(Result(outcome=result.outcome, exit_code=result.exit_code, cycles=cycles,
                                          finished_flag_file=flag, finished=os.path.exists(flag) if flag else None))
         if self._result_file is not None:
-            roots = self._events.last_cycle_root_nodes() if result.exit_code == exit_codes.EXIT_FAILURE else []
-            write_result(self._result_file, result.exit_code, result.outcome, roots)
+            failed = result.exit_code == exit_codes.EXIT_FAILURE or result.outcome == OUTCOME_REPEATED
+            roots = self._events.last_cycle_root_nodes() if failed else []
+            last = self._agent.last_fingerprint if self._agent is not None else None
+            write_result(self._result_file, result.exit_code, result.outcome, roots,
+                         (last.digest, last.describe()) if last is not None else None)
         if summary:
             self._events.summary()
         self._sentinel.finish()

@@ -35,6 +35,7 @@ from launcher import exit_codes, rendezvous_poll
 from launcher.options import UsageError, torchrun_default
 from launcher.path_checks import directory_problem
 from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
+from launcher.torch_compat import LAUNCH_CONFIG_FIELDS, WORKER_SPEC_FIELDS
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,17 @@ TORCHRUN_MASTER_PORT = 29500
 C10D_DEFAULT_READ_TIMEOUT = 60.0
 """torch's c10d ``read_timeout`` when ``--rdzv-conf`` gives none (seconds; a literal in torch's
 backend, not a constant: ``tests/torch_source_checks.py`` checks it is torch's)."""
+LAUNCH_CONFIG_WITHOUT_FIELD = {
+    "shutdown_timeout": 30,
+    "signals_to_handle": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+}
+"""``LaunchConfig`` fields the launcher reads that older torch lacks -> what such a torch does
+instead: before 2.12 its process context gives workers 30 s from the signal to SIGKILL, before
+2.10 its workers' context handles these four signals, always (``tests/torch_source_checks.py`` checks both on the
+releases without the field). :func:`read_launch_config` sets them on such a torch's config."""
+WORKER_SPEC_FIELDS_SINCE = ("numa_options", "duplicate_stdout_filters", "duplicate_stderr_filters",
+                            "virtual_local_rank")
+"""``WorkerSpec`` fields of later torch releases (2.9 to 2.10): passed only where torch has them."""
 
 
 class StartFailed(Exception):
@@ -77,7 +89,7 @@ def apply_torchrun_defaults(args: argparse.Namespace) -> None:
         args.rdzv_backend = "c10d"
         args.rdzv_endpoint = "localhost:0"
         args.rdzv_id = str(uuid.uuid4())
-    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None:
+    elif args.rdzv_backend == "static" and not args.rdzv_endpoint and not _master_port_given(args):
         _, max_nodes = torch_run.parse_min_max_nnodes(args.nnodes)
         if max_nodes == 1:
             args.rdzv_backend = "c10d"
@@ -85,6 +97,13 @@ def apply_torchrun_defaults(args: argparse.Namespace) -> None:
             args.rdzv_id = str(uuid.uuid4())
     if args.master_port is None:
         args.master_port = TORCHRUN_MASTER_PORT
+
+
+def _master_port_given(args: argparse.Namespace) -> bool:
+    # torchrun < 2.12 has 29500 as its parser's default where later ones have None (and set 29500
+    # in run()): there the default counts as not given, so that a single-node run is the same
+    # c10d rendezvous on localhost on every supported torch.
+    return args.master_port is not None and args.master_port != torchrun_default("master_port")
 
 
 def keeps_torch_logs(args: argparse.Namespace) -> bool:
@@ -116,8 +135,19 @@ def read_launch_config(args: argparse.Namespace, run_dir: str) -> tuple[Any, Any
     finally:
         if temporary_logs:
             args.log_dir = None  # do not advertise the temporary log dir
+    supply_missing_fields(config)
     ensure_run_id(config)
     return config, entrypoint, entry_args
+
+
+def supply_missing_fields(config: Any) -> None:
+    """Give a ``LaunchConfig`` of an older torch the fields it lacks, as that torch behaves.
+
+    See :data:`LAUNCH_CONFIG_WITHOUT_FIELD`; with every supported field present this does nothing.
+    """
+    for name, value in LAUNCH_CONFIG_WITHOUT_FIELD.items():
+        if name not in LAUNCH_CONFIG_FIELDS:
+            setattr(config, name, value)
 
 
 def check_torchrun_arguments(args: argparse.Namespace) -> None:
@@ -380,8 +410,8 @@ def worker_spec(config: Any, entrypoint: Any, entry_args: list[str], rdzv_handle
 
 def worker_spec_kwargs(config: Any, entrypoint: Any, entry_args: list[str], rdzv_handler: Any,
                        master_addr: str | None, master_port: int | None) -> dict[str, Any]:
-    """The ``WorkerSpec`` fields, from torchrun's ``LaunchConfig``."""
-    return {
+    """The ``WorkerSpec`` fields, from torchrun's ``LaunchConfig``, as this torch's ``launch_agent`` passes them."""
+    kwargs = {
         "role": config.role,
         "local_world_size": config.nproc_per_node,
         "entrypoint": entrypoint,
@@ -393,11 +423,11 @@ def worker_spec_kwargs(config: Any, entrypoint: Any, entry_args: list[str], rdzv
         "master_port": master_port,
         "local_addr": config.local_addr,
         "event_log_handler": config.event_log_handler,
-        "numa_options": config.numa_options,
-        "duplicate_stdout_filters": config.duplicate_stdout_filters,
-        "duplicate_stderr_filters": config.duplicate_stderr_filters,
-        "virtual_local_rank": config.virtual_local_rank,
     }
+    # Fields of later releases (WORKER_SPEC_FIELDS_SINCE): an older torch has them in neither
+    # its LaunchConfig nor its WorkerSpec.
+    kwargs.update({name: getattr(config, name) for name in WORKER_SPEC_FIELDS_SINCE if name in WORKER_SPEC_FIELDS})
+    return kwargs
 
 
 def static_master(config: Any) -> tuple[str | None, int | None]:

@@ -280,6 +280,11 @@ class Failure(EventRecord):
         doc=_COLLATERAL + ": `hang`/`crash`/`stopped`, or `lost`: a node that sent no report", omit_none=True)
     lost_nodes: list[dict[str, Any]] | None = _f(
         doc="root `lost`: every node that sent no report, as `{group_rank, node}`", omit_none=True)
+    fingerprint: str | None = _f(
+        doc="the cycle's root failure, 12 hex digits: the same for a failure that repeats (`launcher/crash_loop.py`)",
+        omit_none=True)
+    fingerprint_text: str | None = _f(doc="what the fingerprint stands for", written_with="fingerprint")
+    root_step: int | None = _f(doc="the root rank's last step, when known", omit_none=True)
 
     @property
     def effective_role(self) -> str:

@@ -413,9 +413,13 @@ def timeline_lines(report: Report) -> list[str]:
             # root causes, the decision taken on them, then the workers stopped as a consequence
             for number, failure in enumerate(roots + others):
                 label = "ROOT CAUSE" if role(failure) == ROLE_ROOT else "collateral"
+                # the fingerprint names a failure that repeats (launcher.crash_loop)
+                fingerprint = ""
+                if failure.fingerprint and label != "collateral":
+                    fingerprint = f" [fingerprint {failure.fingerprint}]"
                 add(_failed_at(failure), f"{where} cycle {cycle.index}: {label}: rank {_or_unknown(failure.rank)} "
                                          f"(local rank {_or_unknown(failure.local_rank)}, pid "
-                                         f"{_or_unknown(failure.worker_pid)}): {failure.cause}",
+                                         f"{_or_unknown(failure.worker_pid)}): {failure.cause}{fingerprint}",
                     1 + number + (number >= len(roots)) + 2 * (lost is not None))
             if roots:
                 add(_failed_at(roots[0]), f"{where} cycle {cycle.index}: decision: {_or_unknown(roots[0].decision)}",

@@ -28,6 +28,8 @@ OUTCOME_SHUTDOWN = "shutdown_requested"
 """A rank (on any node) requested ``ShutdownWorkload``."""
 OUTCOME_EXCLUDED = "node_excluded"
 """A rank on this node requested ``ExcludeThisNode``."""
+OUTCOME_REPEATED = "repeated_failure"
+"""The same failure ended ``max_no_progress_cycles`` cycles without progress (:mod:`launcher.crash_loop`)."""
 
 
 @dataclass(frozen=True)

@@ -253,15 +253,44 @@ def _our_launcher_option_strings() -> set[str]:
 # ---------------------------------------------------------------------- the checks
 
 
+def shutdown_takes_timeout(src: TorchSource) -> bool:
+    """Whether this torch's agent bounds its stops itself (``_shutdown(death_sig, timeout)``, torch >= 2.12);
+    older releases call ``_shutdown(death_sig)`` and ours applies ``--term-timeout`` (launcher.torch_compat)."""
+    return "timeout" in params(agent_method(src, "_shutdown")[1])
+
+
+def _defaults(func: ast.FunctionDef) -> dict[str, str]:
+    return {name: ast.unparse(value) for name, value in
+            zip(reversed(params(func)), reversed(func.args.defaults), strict=False)}
+
+
 def check_hooks(src: TorchSource) -> Iterator[str]:
+    with_timeout = shutdown_takes_timeout(src)
     for name, expected in HOOKS.items():
         module, method = agent_method(src, name)
+        if name == "_shutdown" and not with_timeout:
+            expected = expected[:-1]  # torch < 2.12: no timeout; ours takes one and defaults it
         if params(method) != expected:
-            yield f"LocalElasticAgent.{name} ({module}) now takes {params(method)}, we override it as {expected}"
+            yield f"LocalElasticAgent.{name} ({module}) now takes {params(method)}, we override it as {HOOKS[name]}"
     _, shutdown = agent_method(src, "_shutdown")
-    defaults = dict(zip(reversed(params(shutdown)), reversed(shutdown.args.defaults), strict=False))
-    if "timeout" not in defaults or ast.unparse(defaults["timeout"]) != "30":
-        yield "LocalElasticAgent._shutdown's default timeout is no longer 30 s (docs: --term-timeout default)"
+    if with_timeout:
+        if _defaults(shutdown).get("timeout") != "30":
+            yield "LocalElasticAgent._shutdown's default timeout is no longer 30 s (docs: --term-timeout default)"
+        return
+    # Without a timeout torch's _shutdown closes its process context with that context's default,
+    # which launcher.launch_config.LAUNCH_CONFIG_WITHOUT_FIELD["shutdown_timeout"] stands for.
+    from launcher.launch_config import LAUNCH_CONFIG_WITHOUT_FIELD
+
+    if "self._pcontext.close(death_sig)" not in src.segment(LOCAL_AGENT, shutdown):
+        yield "LocalElasticAgent._shutdown no longer closes its process context with death_sig"
+    close = _methods(src.cls("torch.distributed.elastic.multiprocessing.api", "PContext"))["close"]
+    if _defaults(close).get("timeout") != str(LAUNCH_CONFIG_WITHOUT_FIELD["shutdown_timeout"]):
+        yield (f"PContext.close's default timeout is {_defaults(close).get('timeout')}, not "
+               f"LAUNCH_CONFIG_WITHOUT_FIELD's {LAUNCH_CONFIG_WITHOUT_FIELD['shutdown_timeout']}")
+    ours = next(n for n in _our_tree("launcher/agent.py").body if isinstance(n, ast.ClassDef)
+                and n.name == "FaultTolerantAgent")
+    if _defaults(_methods(ours)["_shutdown"]).get("timeout") != "None":
+        yield "FaultTolerantAgent._shutdown's timeout must default to None (--term-timeout): torch calls it without"
 
 
 def check_start_workers_hands_us_envs(src: TorchSource) -> Iterator[str]:
@@ -283,7 +312,22 @@ def check_stop_workers(src: TorchSource) -> Iterator[str]:
 
 def check_shutdown_timeout(src: TorchSource) -> Iterator[str]:
     # We hand torch a fractional --term-timeout as shutdown_timeout and rely on torch using it
-    # only as _shutdown(timeout=...), which is our override.
+    # only as _shutdown(timeout=...), which is our override. A torch whose _shutdown takes no
+    # timeout must have none of it (launcher.torch_compat passes it only with the timeout).
+    with_timeout = shutdown_takes_timeout(src)
+    shape = {
+        "LocalElasticAgent(shutdown_timeout=...)":
+            "shutdown_timeout" in params(_methods(src.cls(LOCAL_AGENT, "LocalElasticAgent"))["__init__"]),
+        "LaunchConfig.shutdown_timeout": "shutdown_timeout" in class_fields(src.cls(LAUNCHER_API, "LaunchConfig")),
+        "torchrun --shutdown-timeout": "--shutdown-timeout" in torchrun_option_strings(src),
+    }
+    for what, present in shape.items():
+        if present != with_timeout:
+            yield (f"torch's _shutdown {'takes' if with_timeout else 'takes no'} timeout but {what} is "
+                   f"{'missing' if with_timeout else 'there'} (launcher.torch_compat expects both or neither)")
+    if not with_timeout:
+        yield from _check_run_shuts_down_without_timeout(src)
+        return
     uses = allowed = 0
     for module in (AGENT_API, LOCAL_AGENT):
         for node in ast.walk(src.tree(module)):
@@ -305,6 +349,17 @@ def check_shutdown_timeout(src: TorchSource) -> Iterator[str]:
     if calls != sorted(["self._shutdown(e.sigval, timeout=self._shutdown_timeout)",
                         "self._shutdown(timeout=self._shutdown_timeout)"]):
         yield f"SimpleElasticAgent.run now calls {calls}"
+
+
+def _check_run_shuts_down_without_timeout(src: TorchSource) -> Iterator[str]:
+    for module in (AGENT_API, LOCAL_AGENT):
+        if any(isinstance(n, ast.Attribute) and n.attr == "_shutdown_timeout" for n in ast.walk(src.tree(module))):
+            yield f"{module} has _shutdown_timeout but its _shutdown takes no timeout"
+    run = _methods(src.cls(AGENT_API, "SimpleElasticAgent"))["run"]
+    calls = sorted(ast.unparse(c) for c in ast.walk(run)
+                   if isinstance(c, ast.Call) and ast.unparse(c.func) == "self._shutdown")
+    if calls != ["self._shutdown()", "self._shutdown(e.sigval)"]:
+        yield f"SimpleElasticAgent.run now calls {calls} (FaultTolerantAgent._shutdown defaults the timeout)"
 
 
 def check_invoke_run(src: TorchSource) -> Iterator[str]:
@@ -362,11 +417,33 @@ def check_data_we_read(src: TorchSource) -> Iterator[str]:
         yield "torch's WorkerSpec has no monitor_interval any more"
 
 
+MP_API = "torch.distributed.elastic.multiprocessing.api"
+
+
+def reads_signals_to_handle(src: TorchSource) -> bool:
+    """Whether this torch's workers' context handles the signals TORCHELASTIC_SIGNALS_TO_HANDLE names
+    (torch >= 2.10, with ``LaunchConfig.signals_to_handle``); older ones handle a fixed set."""
+    return "TORCHELASTIC_SIGNALS_TO_HANDLE" in src.text(MP_API)
+
+
 def check_environment_variables(src: TorchSource) -> Iterator[str]:
     if "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in src.text("torch.distributed.elastic.rendezvous.dynamic_rendezvous"):
         yield "torch's c10d rendezvous no longer reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE (fresh store per round)"
-    if "TORCHELASTIC_SIGNALS_TO_HANDLE" not in src.text("torch.distributed.elastic.multiprocessing.api"):
-        yield "torch no longer reads TORCHELASTIC_SIGNALS_TO_HANDLE"
+    has_field = "signals_to_handle" in class_fields(src.cls(LAUNCHER_API, "LaunchConfig"))
+    if reads_signals_to_handle(src) != has_field:
+        yield "torch reads TORCHELASTIC_SIGNALS_TO_HANDLE without LaunchConfig.signals_to_handle, or the reverse"
+    if has_field:
+        return
+    # The fixed set stands in for the field (launcher.launch_config.LAUNCH_CONFIG_WITHOUT_FIELD);
+    # it must not hold the signals the launcher relays (launcher.environment.RELAYED_BY_US).
+    from launcher.launch_config import LAUNCH_CONFIG_WITHOUT_FIELD
+
+    handled = sorted(ast.unparse(c.args[0]).removeprefix("signal.") for c in ast.walk(src.tree(MP_API))
+                     if isinstance(c, ast.Call) and ast.unparse(c.func) == "signal.signal"
+                     and ast.unparse(c.args[1]) == "_terminate_process_handler")
+    if handled != sorted(LAUNCH_CONFIG_WITHOUT_FIELD["signals_to_handle"].split(",")):
+        yield (f"torch's workers' context handles {handled}, not LAUNCH_CONFIG_WITHOUT_FIELD's "
+               f"{LAUNCH_CONFIG_WITHOUT_FIELD['signals_to_handle']}")
 
 
 def check_launch_agent(src: TorchSource) -> Iterator[str]:
@@ -377,7 +454,8 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
         yield (f"torch's launch_agent now also calls {sorted(unknown)}: check launcher/launch.py, which "
                "rebuilds it, and list the calls in LAUNCH_AGENT_CALLS")
     source = src.segment(LAUNCHER_API, launch_agent)
-    if 'os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle' not in source:
+    sets_signals = 'os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle' in source
+    if sets_signals != reads_signals_to_handle(src):
         yield ("launch_agent no longer sets TORCHELASTIC_SIGNALS_TO_HANDLE as "
                "launcher.environment.set_up_environment does")
     if "shutdown_rdzv = False" not in source:
@@ -385,14 +463,18 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
     config_tree = _our_tree("launcher/launch_config.py")
     ours = calls_in(_our_tree("launcher/launch.py")) | calls_in(config_tree)
     if "WorkerSpec" in theirs:
+        from launcher.launch_config import WORKER_SPEC_FIELDS_SINCE
+
         kwargs_func = next(n for n in config_tree.body
                            if isinstance(n, ast.FunctionDef) and n.name == "worker_spec_kwargs")
-        our_fields = {ast.literal_eval(k) for n in ast.walk(kwargs_func) if isinstance(n, ast.Dict)
-                      for k in n.keys if k is not None}
+        spec_fields = class_fields(src.cls(AGENT_API, "WorkerSpec"))
+        always = {ast.literal_eval(k) for n in ast.walk(kwargs_func) if isinstance(n, ast.Dict)
+                  for k in n.keys if k is not None}
+        our_fields = always | (set(WORKER_SPEC_FIELDS_SINCE) & spec_fields)  # as worker_spec_kwargs passes them
         their_fields = keywords(theirs["WorkerSpec"])
         if our_fields != their_fields:
             yield f"launch_agent's WorkerSpec fields changed: {sorted(their_fields ^ our_fields)}"
-        unknown = our_fields - class_fields(src.cls(AGENT_API, "WorkerSpec"))
+        unknown = always - spec_fields
         if unknown:
             yield f"torch's WorkerSpec has no fields {sorted(unknown)}"
     if "LocalElasticAgent" in theirs:
@@ -402,7 +484,7 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
         if missing:
             yield f"torch's launch_agent now gives LocalElasticAgent {sorted(missing)}; we do not"
         init = params(_methods(src.cls(LOCAL_AGENT, "LocalElasticAgent"))["__init__"])
-        if not (agent_args | set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT)) <= set(init):
+        if not keywords(theirs["LocalElasticAgent"]) <= set(init):
             yield f"LocalElasticAgent.__init__ takes {init}"
     if ("RendezvousParameters" in theirs
             and keywords(theirs["RendezvousParameters"]) != keywords(ours["RendezvousParameters"])):
@@ -414,8 +496,14 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
 
 
 def check_launch_config(src: TorchSource) -> Iterator[str]:
+    from launcher.launch_config import LAUNCH_CONFIG_WITHOUT_FIELD, WORKER_SPEC_FIELDS_SINCE
+
     config_fields = class_fields(src.cls(LAUNCHER_API, "LaunchConfig"))
-    missing = LAUNCH_CONFIG_FIELDS_READ - config_fields
+    # An older torch lacks some: read_launch_config supplies LAUNCH_CONFIG_WITHOUT_FIELD's, and
+    # worker_spec_kwargs reads WORKER_SPEC_FIELDS_SINCE only where torch's WorkerSpec has them.
+    optional = set(LAUNCH_CONFIG_WITHOUT_FIELD) | (set(WORKER_SPEC_FIELDS_SINCE)
+                                                   - class_fields(src.cls(AGENT_API, "WorkerSpec")))
+    missing = LAUNCH_CONFIG_FIELDS_READ - config_fields - optional
     if missing:
         yield f"torch's LaunchConfig no longer has {sorted(missing)}"
 
@@ -428,15 +516,41 @@ def torchrun_run_fragments() -> tuple[str, ...]:
             "parse_min_max_nnodes(args.nnodes)", f"args.master_port = {TORCHRUN_MASTER_PORT}")
 
 
+def torchrun_option_strings(src: TorchSource) -> set[str]:
+    """Every ``--option`` string in torchrun's ``get_args_parser``."""
+    return {n.value for n in ast.walk(src.function(RUN, "get_args_parser"))
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("--")}
+
+
+def master_port_defaults_in_run(src: TorchSource) -> bool:
+    """Whether torchrun's ``run()`` picks ``--master-port`` (torch >= 2.12: the parser's default is None,
+    and a single-node static run becomes c10d on localhost); older parsers default it to 29500."""
+    return any(isinstance(n, ast.keyword) and n.arg == "default" and ast.unparse(n.value) == "None"
+               for call in ast.walk(src.function(RUN, "get_args_parser")) if isinstance(call, ast.Call)
+               and "--master-port" in [ast.unparse(a).strip("'\"") for a in call.args] for n in call.keywords)
+
+
 def check_torchrun(src: TorchSource) -> Iterator[str]:
     run = src.segment(RUN, src.function(RUN, "run"))
-    for fragment in torchrun_run_fragments():
-        if fragment not in run:
-            yield f"torchrun's run() changed ({fragment!r}); see launch_config.apply_torchrun_defaults"
+    if master_port_defaults_in_run(src):
+        for fragment in torchrun_run_fragments():
+            if fragment not in run:
+                yield f"torchrun's run() changed ({fragment!r}); see launch_config.apply_torchrun_defaults"
+    else:
+        # Such a torchrun's parser defaults --master-port to 29500 and its run() only applies
+        # --standalone: apply_torchrun_defaults takes that default as "not given" (same behaviour
+        # on every release).
+        from launcher.launch_config import TORCHRUN_MASTER_PORT
+
+        if f"default={TORCHRUN_MASTER_PORT}" not in src.segment(RUN, src.function(RUN, "get_args_parser")):
+            yield f"torchrun's --master-port defaults neither to None nor to {TORCHRUN_MASTER_PORT}"
+        if "args.master_port =" in run:
+            yield "torchrun's run() sets args.master_port although its parser gives a default"
     parser_source = src.segment(RUN, src.function(RUN, "get_args_parser"))
-    strings = {n.value for n in ast.walk(src.function(RUN, "get_args_parser"))
-               if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value.startswith("--")}
-    for option in TORCHRUN_OPTIONS_READ:
+    strings = torchrun_option_strings(src)
+    # --shutdown-timeout: only with the agent's shutdown timeout (check_shutdown_timeout)
+    read = [o for o in TORCHRUN_OPTIONS_READ if o != "--shutdown-timeout" or shutdown_takes_timeout(src)]
+    for option in read:
         if option not in strings and option.replace("-", "_").replace("__", "--", 1) not in strings:
             yield f"torchrun has no {option} option any more (the launcher reads it)"
     clashes = sorted(o for o in _our_launcher_option_strings() if o in strings)

@@ -30,12 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.torch_source_checks import run_checks  # noqa: E402
 
-SUPPORTED = ("2.12.1", "2.13.0", "2.14.1", "2.15.0")
-"""The newest patch release of each torch minor the package supports (``pyproject.toml``).
+SUPPORTED = ("2.8.0", "2.9.1", "2.10.0", "2.11.0", "2.12.1", "2.13.0", "2.14.1", "2.15.0")
+"""The newest patch release of each torch minor the package supports (``pyproject.toml``: the last eight).
 
-torch 2.10 and 2.11 fail these checks: their agent has no shutdown timeout (``_shutdown`` takes no
-``timeout``, no ``--shutdown-timeout``, no ``LaunchConfig.shutdown_timeout``), which
-``--term-timeout`` is built on; ``python -m tests.torch_versions 2.11.0`` lists the problems."""
+The releases differ in what the launcher hooks (``launcher/torch_compat.py``): before 2.12 the
+agent has no shutdown timeout (``_shutdown(death_sig)``, no ``--shutdown-timeout``, no
+``LaunchConfig.shutdown_timeout``; ``FaultTolerantAgent._shutdown`` bounds the stop itself),
+before 2.10 no ``LaunchConfig.signals_to_handle`` (a fixed set), before 2.12 torchrun's ``--master-port``
+defaults to 29500; ``WorkerSpec`` gained fields in 2.9 and 2.10. The checks expect each
+release's own shape."""
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ptl-resiliency" / "torch-src"
 KEEP = ("torch/distributed/", "torch/version.py")
 

@@ -42,6 +42,7 @@ from ft_core.wire.config_values import (
     dump_log_level,
     number_bounds,
     parse_choice,
+    parse_count,
     parse_log_level,
     parse_number,
     parse_seconds,
@@ -96,6 +97,8 @@ MAX_SAFETY_FACTOR = 1e9
 MAX_TERMINATION_GRACE = 3600.0
 """Longest time a hung rank may take to exit after its termination signal before SIGKILL."""
 MAX_STACK_CAPTURE_BUDGET = 60.0
+MAX_NO_PROGRESS_CYCLES = 1000
+MAX_PROGRESS_ITERATIONS = 10**9
 """Longest time a monitor may spend capturing stacks before it signals a hung rank: the budget
 delays the restart, and py-spy or faulthandler need well under a second."""
 MIN_CALCULATED_DEFAULTS = {
@@ -271,6 +274,32 @@ class FaultToleranceConfig:
         metavar="POLICY",
     ))
 
+    max_no_progress_cycles: int = _declare(2, FieldSpec(
+        "Consecutive failed cycles that end with the same failure (its fingerprint: kind, cause, "
+        "innermost user frame) without the failing rank's step passing the previous failure's by "
+        "min_progress_iterations, after which the launcher stops restarting and exits "
+        "no_restart_exit_code. 0: never (a crash loop is then bounded by --max-restarts alone).",
+        lambda name, value: parse_count(name, value, minimum=0, maximum=MAX_NO_PROGRESS_CYCLES),
+        f"a whole number from 0 (off) to {MAX_NO_PROGRESS_CYCLES}",
+        frozenset({Role.LAUNCHER}),
+        metavar="CYCLES",
+    ))
+    min_progress_iterations: int = _declare(1, FieldSpec(
+        "Steps the failing rank's step must pass the step of the previous failure by for the "
+        "cycle to count as progress (see max_no_progress_cycles).",
+        lambda name, value: parse_count(name, value, minimum=1, maximum=MAX_PROGRESS_ITERATIONS),
+        f"a whole number from 1 to {MAX_PROGRESS_ITERATIONS}",
+        frozenset({Role.LAUNCHER}),
+        metavar="STEPS",
+    ))
+    no_restart_exit_code: int = _declare(66, FieldSpec(
+        "The launcher's exit code when it stops restarting a failure that repeats without "
+        "progress (scripts/autoresume.sh does not requeue on it).",
+        lambda name, value: parse_count(name, value, minimum=3, maximum=125, exclude=(64, 65)),
+        "a whole number from 3 to 125, other than 64 and 65",
+        frozenset({Role.LAUNCHER}),
+        metavar="CODE",
+    ))
     rank_termination_grace: float = _seconds_field(
         5.0, "Seconds a hung rank has to exit after rank_termination_signal; a rank still alive "
         "then gets SIGKILL on its process group (and the launcher records it).",

@@ -116,6 +116,27 @@ def short_repr(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def parse_count(field_name: str, value: Any, *, minimum: int, maximum: int, exclude: tuple[int, ...] = ()) -> int:
+    """Validate a whole number in ``[minimum, maximum]`` (not one of ``exclude``), given as an int
+    or a string of digits.
+
+    Raises:
+        ConfigError: Not a whole number, out of range or excluded; names the field, echoes the
+            value and states the range.
+    """
+    number: Any = value.strip() if isinstance(value, str) else value
+    if isinstance(number, str) and number.lstrip("-").isdigit() and len(number) <= 20:
+        number = int(number)
+    if isinstance(number, float) and number.is_integer():
+        number = int(number)
+    if isinstance(number, bool) or not isinstance(number, int) or not minimum <= number <= maximum \
+            or number in exclude:
+        others = f", other than {' and '.join(map(str, exclude))}" if exclude else ""
+        raise ConfigError(f"{field_name} must be a whole number from {minimum} to {maximum}{others}, "
+                          f"got {short_repr(value)}")
+    return number
+
+
 def parse_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> str:
     text = value.strip() if isinstance(value, str) else value
     if not isinstance(text, str) or text not in choices:

@@ -124,7 +124,7 @@ def _dataclass_of(hint: Any) -> type:
     raise TypeError(f"not a dataclass field: {hint!r}")
 
 
-@functools.lru_cache(maxsize=None)  # hints are few and hashable; readers call this per field per record
+@functools.cache  # hints are few and hashable; readers call this per field per record
 def _options(hint: Any) -> tuple[Any, ...]:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return typing.get_args(hint)

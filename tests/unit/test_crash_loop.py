@@ -34,7 +34,9 @@ def test_same_bug_same_fingerprint_across_runs_and_lines() -> None:
     first = fingerprint(state("exit code 1: ValueError: bad shard 17", frames=(f"{USER}:30 step",)))
     second = fingerprint(state("exit code 1: ValueError: bad shard 23", frames=(f"{USER}:31 step",)))
     assert first == second and first.digest == second.digest
-    assert first.where == f"{USER} step"
+    assert first.where == "train.py step"
+    # a cold start runs the script by its absolute path, a warm one as typed
+    assert fingerprint(state(frames=("train.py:30 step",))) == first
 
 
 @pytest.mark.parametrize("other", [
@@ -54,8 +56,8 @@ def test_a_lost_node_is_fingerprinted_by_its_node() -> None:
     assert lost != fingerprint(state("no report", outcome=culprit.LOST, node="node3"))
 
 
-F = Fingerprint("crash", "exit code 1: ValueError: bad shard N", f"{USER} step")
-G = Fingerprint("crash", "exit code 1: KeyError: 'lr'", f"{USER} step")
+F = Fingerprint("crash", "exit code 1: ValueError: bad shard N", "train.py step")
+G = Fingerprint("crash", "exit code 1: KeyError: 'lr'", "train.py step")
 
 
 @pytest.mark.parametrize("failures,max_cycles,min_steps,stops_at", [

@@ -99,7 +99,11 @@ def test_the_event_record_of_a_hang_holds_the_monitors_kind_string(tmp_path):
     [written] = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert written["hang_kind"] == "heartbeat" and type(events.records[0]["hang_kind"]) is str
     # the hang's details follow the common fields (all of them, the null section too)
-    assert list(written)[-7:] == ["exit_code", "hang_kind", "section", "elapsed", "timeout", "signal", "schema"]
+    hang_keys = ["exit_code", "hang_kind", "section", "elapsed", "timeout", "signal"]
+    assert [key for key in written if key in hang_keys] == hang_keys and list(written)[-1] == "schema"
+    # the cycle's fingerprint (launcher.crash_loop) is written with it
+    assert record.fingerprint is not None and written["fingerprint"] == record.fingerprint.digest
+    assert written["fingerprint_text"].startswith("hang: ")
     assert "hang (heartbeat)" in events.summary()
 
 

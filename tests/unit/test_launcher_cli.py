@@ -13,7 +13,7 @@ from ft_core.wire.env import (
     FT_LAUNCHER_WARM_RESTARTS_ENV_VAR,
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
 )
-from launcher import get_args_parser
+from launcher import get_args_parser, torch_compat
 from launcher.options import LauncherOptions
 
 FT = [sys.executable, "-m", "launcher"]
@@ -273,28 +273,33 @@ def test_the_effective_config_of_defaults_and_the_other_sources():
         "effective configuration: every fault tolerance setting has its default (ft_launcher --help)",
         "  event log: kept in memory only (--log-dir or --ft-event-log keep it for ft_report)",
     ]
-    lines = effective("--shutdown-timeout", "7", "--no-warm-restarts", environ={"AUTORESUME_RUN_DIR": "/r"})
-    assert lines[1:] == ["  term timeout = 7 s  (--shutdown-timeout)", "  warm restarts = off  (--no-warm-restarts)",
-                         "  event log = /r/ft_events.jsonl  (AUTORESUME_RUN_DIR)"]
+    if torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT:  # torchrun < 2.12 has no --shutdown-timeout
+        lines = effective("--shutdown-timeout", "7", "--no-warm-restarts", environ={"AUTORESUME_RUN_DIR": "/r"})
+        assert lines[1:] == ["  term timeout = 7 s  (--shutdown-timeout)",
+                             "  warm restarts = off  (--no-warm-restarts)",
+                             "  event log = /r/ft_events.jsonl  (AUTORESUME_RUN_DIR)"]
+    else:
+        lines = effective("--no-warm-restarts", environ={"AUTORESUME_RUN_DIR": "/r"})
+        assert lines[1:] == ["  warm restarts = off  (--no-warm-restarts)",
+                             "  event log = /r/ft_events.jsonl  (AUTORESUME_RUN_DIR)"]
     assert effective(environ={"FT_LAUNCHER_EVENT_LOG": "/e.jsonl", "AUTORESUME_RUN_DIR": "/r"})[-1] == \
         "  event log = /e.jsonl  (FT_LAUNCHER_EVENT_LOG)"
 
 
 def test_term_timeout_and_torchruns_shutdown_timeout_set_the_same_thing(tmp_path):
     # docs/launcher.md: --shutdown-timeout is --term-timeout's default; --term-timeout wins.
-    from torch.distributed import run as torch_run
-
-    from launcher.launch_config import apply_torchrun_defaults
+    from launcher.launch_config import read_launch_config
 
     def stop_timeout(*argv):
         args = parse("--standalone", "--log-dir", str(tmp_path), *argv)
-        apply_torchrun_defaults(args)
-        config, _, _ = torch_run.config_from_args(args)
+        config, _, _ = read_launch_config(args, str(tmp_path))  # supplies shutdown_timeout on torch < 2.12
         return LauncherOptions.from_args(args, {}).stop_timeout(config.shutdown_timeout)
 
     assert stop_timeout() == 30
-    assert stop_timeout("--shutdown-timeout", "7") == 7
-    assert stop_timeout("--shutdown-timeout", "7", "--term-timeout", "0.5") == 0.5
+    assert stop_timeout("--term-timeout", "0.5") == 0.5
+    if torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT:  # torchrun < 2.12 has no --shutdown-timeout
+        assert stop_timeout("--shutdown-timeout", "7") == 7
+        assert stop_timeout("--shutdown-timeout", "7", "--term-timeout", "0.5") == 0.5
 
 
 def test_torchrun_accepts_unambiguous_abbreviations_and_ft_launcher_none():

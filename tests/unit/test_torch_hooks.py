@@ -35,7 +35,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
 from torch.distributed.launcher import api as launcher_api
 
-from launcher import environment, launch_config
+from launcher import environment, launch_config, torch_compat
 from launcher import launch as our_launch
 from launcher.agent import FaultTolerantAgent
 from launcher.cli import get_args_parser
@@ -84,8 +84,23 @@ def test_overridden_hooks_match_torch():
     for name, params in HOOKS.items():
         theirs = list(inspect.signature(getattr(LocalElasticAgent, name)).parameters)
         ours = list(inspect.signature(getattr(FaultTolerantAgent, name)).parameters)
-        assert theirs == params, f"torch changed LocalElasticAgent.{name}: {theirs}"
+        # torch < 2.12: _shutdown(death_sig) without a timeout; ours still takes one (and defaults it)
+        expected = params[:-1] if name == "_shutdown" and not torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT else params
+        assert theirs == expected, f"torch changed LocalElasticAgent.{name}: {theirs}"
         assert ours == params, f"FaultTolerantAgent.{name} drifted: {ours}"
+    # torch < 2.12 calls _shutdown() and _shutdown(sig) without a timeout: ours then takes --term-timeout
+    assert inspect.signature(FaultTolerantAgent._shutdown).parameters["timeout"].default is None
+
+
+def test_the_installed_torch_is_of_one_shape():
+    # launcher.torch_compat gates the agent's constructor argument and the _shutdown call on one flag.
+    init = inspect.signature(LocalElasticAgent.__init__).parameters
+    assert ("shutdown_timeout" in init) == torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT
+    assert ("shutdown_timeout" in torch_compat.LAUNCH_CONFIG_FIELDS) == torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT
+    assert torch_compat.agent_shutdown_kwargs(1.5) == (
+        {"shutdown_timeout": 1.5} if torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT else {})
+    assert torch_compat.torch_shutdown_kwargs(1.5) == (
+        {"timeout": 2} if torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT else {})
 
 
 def test_torch_calls_the_env_hook_with_per_rank_envs():
@@ -111,6 +126,12 @@ def test_torch_passes_shutdown_timeout_only_to_shutdown():
     uses = [node for module in (agent_api, local_elastic_agent)
             for node in ast.walk(ast.parse(inspect.getsource(module)))
             if isinstance(node, ast.Attribute) and node.attr == "_shutdown_timeout"]
+    if not torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT:  # torch < 2.12: none, and run() passes no timeout
+        assert not uses
+        run_calls = [ast.unparse(c) for c in ast.walk(function_ast(SimpleElasticAgent.run))
+                     if isinstance(c, ast.Call) and ast.unparse(c.func) == "self._shutdown"]
+        assert sorted(run_calls) == ["self._shutdown()", "self._shutdown(e.sigval)"], run_calls
+        return
     assert uses, "torch no longer has _shutdown_timeout"
     tree = ast.parse(inspect.getsource(agent_api))
     allowed = 0
@@ -183,18 +204,23 @@ def test_our_attributes_do_not_shadow_torchs():
 
 def test_private_attribute_values_after_construction():
     agent = LocalElasticAgent(spec(max_restarts=5), logs_specs=DefaultLogsSpecs(log_dir=os.devnull),
-                              shutdown_timeout=1.5)
+                              **torch_compat.agent_shutdown_kwargs(1.5))
     assert agent._remaining_restarts == 5
     assert agent._store is None  # set by _rendezvous
-    assert agent._shutdown_timeout == 1.5  # stored as given (torch types it int; we pass a float)
-    assert inspect.signature(LocalElasticAgent._shutdown).parameters["timeout"].default == 30
+    if torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT:
+        assert agent._shutdown_timeout == 1.5  # stored as given (torch types it int; we pass a float)
+        assert inspect.signature(LocalElasticAgent._shutdown).parameters["timeout"].default == 30
+    else:  # its process context's close gives the 30 s launch_config supplies as shutdown_timeout
+        close = inspect.signature(mp_api.PContext.close).parameters["timeout"].default
+        assert close == launch_config.LAUNCH_CONFIG_WITHOUT_FIELD["shutdown_timeout"]
 
 
 def test_nothing_outside_the_agent_reads_private_attributes_of_other_objects():
     allowed = {"_exit", "_run_exitfuncs"}  # os._exit and atexit._run_exitfuncs (the warm template)
     # The rendezvous poll wrapper; torch_source_checks.check_rendezvous_poll checks it on every
     # supported torch release.
-    allowed_in = {"rendezvous_poll.py": {"_delay", "_state_holder", "_cache_duration"}}
+    allowed_in = {"rendezvous_poll.py": {"_delay", "_state_holder", "_cache_duration"},
+                  "torch_compat.py": {"_shutdown"}}  # its signature: does this torch's agent take a timeout
     found = []
     for path in sorted(LAUNCHER.glob("*.py")):
         if path.name == "agent.py":
@@ -232,7 +258,9 @@ def test_store_errors_are_what_we_catch():
 def test_environment_variables_torch_still_reads():
     assert environment.SHARE_STORE_ENV in inspect.getsource(dynamic_rendezvous), (
         "torch's c10d rendezvous no longer reads TORCH_DISABLE_SHARE_RDZV_TCP_STORE (fresh store per round)")
-    assert environment.SIGNALS_TO_HANDLE_ENV in inspect.getsource(mp_api)
+    # torch < 2.10 handles a fixed set of signals (LAUNCH_CONFIG_WITHOUT_FIELD) and reads no variable
+    reads = environment.SIGNALS_TO_HANDLE_ENV in inspect.getsource(mp_api)
+    assert reads == ("signals_to_handle" in torch_compat.LAUNCH_CONFIG_FIELDS)
 
 
 # ---------------------------------------------------------------------- the launch_agent we rebuild
@@ -244,17 +272,22 @@ def test_launch_agent_does_nothing_we_do_not_know_about():
         f"torch's launch_agent now also calls {sorted(calls - set(LAUNCH_AGENT_CALLS))}: check "
         "launcher/launch.py, which rebuilds it")
     source = inspect.getsource(launcher_api.launch_agent)
-    # launcher.environment.set_up_environment sets it as launch_agent does
-    assert f'os.environ["{environment.SIGNALS_TO_HANDLE_ENV}"] = config.signals_to_handle' in source
+    # launcher.environment.set_up_environment sets it as launch_agent does (torch >= 2.10)
+    assert (f'os.environ["{environment.SIGNALS_TO_HANDLE_ENV}"] = config.signals_to_handle' in source) == (
+        "signals_to_handle" in torch_compat.LAUNCH_CONFIG_FIELDS)
     assert "shutdown_rdzv = False" in source  # not after a signal: the others keep the rendezvous
 
 
-def test_we_build_the_worker_spec_as_launch_agent_does():
+def test_we_build_the_worker_spec_as_launch_agent_does(tmp_path):
     theirs = keywords(calls_in(function_ast(launcher_api.launch_agent))["WorkerSpec"])
     tree = function_ast(launch_config.worker_spec_kwargs)
-    ours = {ast.literal_eval(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
+    always = {ast.literal_eval(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys}
+    ours = always | (set(launch_config.WORKER_SPEC_FIELDS_SINCE) & torch_compat.WORKER_SPEC_FIELDS)
     assert ours == theirs, f"launch_agent's WorkerSpec fields changed: {sorted(theirs ^ ours)}"
     assert ours <= {f.name for f in fields(WorkerSpec)}
+    built = launch_config.worker_spec_kwargs(launch_config.read_launch_config(
+        get_args_parser().parse_args(["--standalone", "train.py"]), str(tmp_path))[0], "python", [], None, None, None)
+    assert set(built) == theirs
 
 
 def test_we_build_the_agent_and_rendezvous_parameters_as_launch_agent_does():
@@ -266,7 +299,7 @@ def test_we_build_the_agent_and_rendezvous_parameters_as_launch_agent_does():
     missing = {a for a in agent_args if OUR_AGENT_ARG_NAMES.get(a, a) not in passed}
     assert not missing, f"torch's launch_agent now gives LocalElasticAgent {sorted(missing)}; we do not"
     params = inspect.signature(LocalElasticAgent.__init__).parameters
-    assert agent_args <= set(params) and set(LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT) <= set(params)
+    assert keywords(theirs["LocalElasticAgent"]) <= set(params)
     assert keywords(theirs["RendezvousParameters"]) == keywords(ours_rdzv["RendezvousParameters"])
     assert inspect.signature(RendezvousParameters.__init__).parameters.keys() >= {
         "backend", "endpoint", "run_id", "min_nodes", "max_nodes", "local_addr", "kwargs"}
@@ -277,7 +310,9 @@ def test_config_from_args_gives_what_we_read(tmp_path):
                                          "--nproc-per-node", "1", "--log-dir", str(tmp_path), "train.py", "--x"])
     launch_config.apply_torchrun_defaults(args)
     config, entrypoint, entry_args = torch_run.config_from_args(args)
-    missing = {name for name in LAUNCH_CONFIG_FIELDS_READ if not hasattr(config, name)}
+    launch_config.supply_missing_fields(config)  # what torch < 2.12 lacks
+    absent_in_this_torch = set(launch_config.WORKER_SPEC_FIELDS_SINCE) - torch_compat.WORKER_SPEC_FIELDS
+    missing = {name for name in LAUNCH_CONFIG_FIELDS_READ - absent_in_this_torch if not hasattr(config, name)}
     assert not missing, f"torch's LaunchConfig no longer has {sorted(missing)}"
     assert isinstance(entrypoint, str) and entry_args[0] == "-u" and entry_args[-2:] == ["train.py", "--x"]
 
@@ -289,8 +324,11 @@ def test_config_from_args_gives_what_we_read(tmp_path):
 ])
 def test_torchrun_defaults_are_applied_as_torchrun_does(argv, backend, endpoint):
     source = inspect.getsource(torch_run.run)
-    for fragment in torchrun_run_fragments():
-        assert fragment in source, f"torchrun's run() changed ({fragment!r}); see launch_config.apply_torchrun_defaults"
+    if torch_run.get_args_parser().get_default("master_port") is None:
+        for fragment in torchrun_run_fragments():
+            assert fragment in source, f"torchrun's run() changed ({fragment!r}); see apply_torchrun_defaults"
+    else:  # torch < 2.12: the parser's 29500 counts as not given (the same single-node c10d run)
+        assert torch_run.get_args_parser().get_default("master_port") == launch_config.TORCHRUN_MASTER_PORT
     args = get_args_parser().parse_args([*argv, "train.py"])
     launch_config.apply_torchrun_defaults(args)
     assert (args.rdzv_backend, args.rdzv_endpoint) == (backend, endpoint)
