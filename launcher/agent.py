@@ -308,7 +308,10 @@ class FaultTolerantAgent(LocalElasticAgent):
             spawn_s=_round(spawned_at - self._cycle_began),
             since_failure_s=_round(since_failure),
             warm_start=warm_ready,
+            cold_reason=None if warm_ready else self._starts.cold_reason,
         ))
+        if not warm_ready and self.cycle > 0 and self._starts.uses_stand_ins:
+            logger.info("cycle %s: workers start cold: %s", self.cycle, self._starts.cold_reason)
         self._last_failure_at = None
         logger.info("cycle %s: started workers %s", self.cycle, sorted(worker_pids.values()))
         if self._reassert_signal_handlers is not None:

@@ -193,6 +193,7 @@ class CycleStart(EventRecord):
     spawn_s: float | None = _f()
     since_failure_s: float | None = _f()
     warm_start: bool | None = _f()
+    cold_reason: str | None = _f(doc="why the workers started cold (when they did)", omit_none=True)
 
 
 @dataclass(kw_only=True)

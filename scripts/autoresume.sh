@@ -49,13 +49,27 @@ Options (a flag beats its environment variable):
                            [$AUTORESUME_SRUN_ARGS]
       --max-excluded N     slurm mode: exclude at most N nodes that caused failures (a node
                            whose launcher never reported, i.e. a lost node, one that exited 65,
-                           ExcludeThisNode, or the node of the failure's root rank) from the
-                           requeued job; 0 = never
+                           ExcludeThisNode, or the node of the failure's root rank in
+                           --node-failures-to-exclude attempts) from the requeued job (the
+                           oldest go first); 0 = never. Per-node history: RUN_DIR/node_history.tsv
                            [$AUTORESUME_MAX_EXCLUDED, else 4]
       --progress-path P    a checkpoint file or directory: an attempt made progress when a
                            file under P is newer than before it [$AUTORESUME_PROGRESS_PATH]
       --max-stalled N      with --progress-path: stop with exit 3 after N consecutive failed
                            attempts without progress [$AUTORESUME_MAX_STALLED, else 2]
+      --max-repeats N      stop with exit 66 once the same failure (the fingerprint the
+                           launchers report) ended N attempts since the last one that did
+                           not fail or made progress, on different nodes (or anywhere in
+                           local mode): a bug, not a node. On one node only, that node is
+                           excluded instead (slurm mode). 0 = never [$AUTORESUME_MAX_REPEATS,
+                           else 2]
+      --node-failures-to-exclude K
+                           slurm mode: exclude a node named as the root of the failure in K
+                           attempts (a lost node or one that exited 65 at once)
+                           [$AUTORESUME_NODE_FAILURES_TO_EXCLUDE, else 2]
+      --node-exclusion-expiry N
+                           slurm mode: an excluded node may come back after N attempts that
+                           did not fail; 0 = never [$AUTORESUME_NODE_EXCLUSION_EXPIRY, else 3]
   -h, --help               this text
 
 In slurm mode the launcher gets, before your own arguments (so yours win):
@@ -69,6 +83,8 @@ After each attempt (first match wins):
   flag file present          finished: exit 0 (whatever ft_launcher returned)
   launcher exit 64           ShutdownWorkload was requested by a rank: stop, exit 64
   launcher exit 2            usage error, nothing changes on retry: stop, exit 2
+  launcher exit 66           the launcher stopped a repeating failure (the same failure ended
+                             its restarts without progress): stop, exit 66, not requeued
   SIGTERM/SIGINT/SIGHUP here stop, exit 128+N (a cancelled job stays cancelled), whatever
                              ft_launcher returned (0 if its ranks stopped in time, else 1);
                              in slurm mode also a stop signal sent to the job steps only, and
@@ -79,21 +95,23 @@ After each attempt (first match wins):
                              continue, NOT counted as a failure
   launcher exit 0            stopped cleanly without the flag: continue, not a failure
   launcher exit 1            failure: continue while consecutive failures < --max-failures,
-                             else stop, exit 1
+                             else stop, exit 1; stop, exit 66 when its fingerprint repeats
+                             (--max-repeats)
   launcher exit 65           ExcludeThisNode: continue, counted as a failure
   launcher exit 128+N        the launcher's stop by signal N was forced (a third stop signal)
                              or it died of signal N: continue, counted as a failure
   any other code             failure, as for 1
 A continuation that is not a failure resets the consecutive failure count; so does a stop.
 With several nodes the codes of all launchers are combined: 64 if any is 64, else 2 if any
-is 2, else the highest. In slurm mode ask for the warning with sbatch
+is 2, else 66 if any is 66, else the highest. In slurm mode ask for the warning with sbatch
 --signal=B:USR1@SECONDS (B: signals this script, which must be the batch shell or exec'd
 by it); a signal sent to the job steps instead reaches the launchers and counts the same.
 
 Exit codes of this script: 0 finished, or continuation requeued (slurm mode); 1 stopped after
 failures, --max-attempts, or a failed requeue; 2 usage error (this script's or ft_launcher's);
 3 no progress (--max-stalled failed attempts without a newer file under --progress-path);
-64 ShutdownWorkload requested; 128+N stopped by signal N.
+64 ShutdownWorkload requested; 66 a repeating failure (ft_launcher's exit 66, or --max-repeats);
+128+N stopped by signal N.
 
 Examples:
   autoresume.sh --run-dir runs/a --launcher-args "--standalone --nproc-per-node 2" train.py --lr 0.1
@@ -230,15 +248,20 @@ wait_child() {   # -> CHILD_RC; keeps waiting when a trapped signal interrupts `
 # ------------------------------------------------------------------------------------ attempts
 # Each sets ATTEMPT_RESULT, the arguments that tell the policy's decide step how the attempt ended.
 run_local_attempt() {
+  local results=$RUN_DIR/nodes
+  rm -rf -- "$results"
+  mkdir -p -- "$results"
   log "attempt $ATTEMPT: $LAUNCHER ${LAUNCHER_ARGS[*]} ${COMMAND[*]}"
   # ft_launcher runs in a session of its own, so that a terminal's Ctrl-C (or any signal to this
   # script's process group) reaches only this script, which passes it on once. It stops when this
   # script dies, even by SIGKILL (FT_LAUNCHER_PARENT_PID), and it and its sentinel keep the
   # run-dir lock (FT_LAUNCHER_KEEP_FD) until every process of the attempt is gone.
-  FT_LAUNCHER_PARENT_PID=$$ FT_LAUNCHER_KEEP_FD=$LOCK_FD $SETSID "$LAUNCHER" "${LAUNCHER_ARGS[@]}" "${COMMAND[@]}" &
+  # FT_LAUNCHER_RESULT_FILE: the fingerprint of the failure, for --max-repeats.
+  FT_LAUNCHER_PARENT_PID=$$ FT_LAUNCHER_KEEP_FD=$LOCK_FD FT_LAUNCHER_RESULT_FILE=$results/launcher.0 \
+    $SETSID "$LAUNCHER" "${LAUNCHER_ARGS[@]}" "${COMMAND[@]}" &
   CHILD=$!
   wait_child
-  ATTEMPT_RESULT=(--rc="$CHILD_RC")
+  ATTEMPT_RESULT=(--rc="$CHILD_RC" --results="$results")
 }
 
 run_slurm_attempt() {

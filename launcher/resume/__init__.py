@@ -6,8 +6,11 @@ and forwarding signals, holding the run directory's lock, and the builtins-only 
 
 - :mod:`launcher.resume.policy`: the verdict of an attempt (finished, continue or stop), the
   exit-code mapping, stalls, the nodes that caused a failure and the exclusion list;
-- :mod:`launcher.resume.history`: the run directory's ``state``, ``history.tsv`` and
-  ``excluded_nodes`` files;
+- :mod:`launcher.resume.repeats`: failures that repeat across attempts: a node excluded after
+  it was their root in several attempts (and let back after clean ones), or a bug that stops
+  the loop (exit 66);
+- :mod:`launcher.resume.history`: the run directory's ``state``, ``history.tsv``,
+  ``node_history.tsv`` and ``excluded_nodes`` files;
 - :mod:`launcher.resume.options`: the script's options and their validation;
 - :mod:`launcher.resume.own_files`: the run directory and its files as only this user can have
   made them (no other user's file, no symbolic link, a 0600 lock file);

@@ -9,10 +9,11 @@ format. Steps:
 - ``resume POLICY_ARGS``: at the start, under the run directory's lock: record an attempt whose
   script was killed, and say whether to stop at once (``STOP=code``).
 - ``start POLICY_ARGS``: before an attempt: count it and mark it running; prints ``ATTEMPT``.
-- ``decide POLICY_ARGS --rc=N | --srun-rc=N --results=DIR [--warned=SIG] [--terminated=SIG]``:
-  after it: the verdict, the history line's fields (and the file's header, which the script
-  writes with the first line: a history file never holds a header alone) and, in slurm mode,
-  the nodes to exclude.
+- ``decide POLICY_ARGS --rc=N [--results=DIR] | --srun-rc=N --results=DIR [--warned=SIG]
+  [--terminated=SIG]``: after it: the verdict, the history line's fields (and the file's
+  header, which the script writes with the first line: a history file never holds a header
+  alone) and, in slurm mode, the nodes to exclude. It appends the attempt's rows to
+  ``node_history.tsv`` itself (:mod:`launcher.resume.repeats`).
 - ``requeue-failed POLICY_ARGS --decision=TEXT``: ``scontrol requeue`` failed: stop.
 
 Exit status: 0 when the step ran (its output says what to do), 2 for a usage error, 1 when
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from launcher.exit_codes import EXIT_FAILURE, EXIT_SIGNAL_BASE, EXIT_USAGE
-from launcher.resume import history, own_files, policy
+from launcher.resume import history, own_files, policy, repeats
 from launcher.resume.history import State
 
 logger = logging.getLogger("launcher.resume")
@@ -64,12 +65,22 @@ class Settings:
     max_excluded: int = 4
     max_stalled: int = 2
     progress_path: str = ""
+    max_repeats: int = 2
+    node_failures_to_exclude: int = 2
+    node_exclusion_expiry: int = 3
 
     @property
     def limits(self) -> policy.Limits:
         """The loop's bounds."""
         return policy.Limits(self.max_failures, self.max_attempts, self.max_stalled,
                              self.progress_path)
+
+    @property
+    def rules(self) -> repeats.Rules:
+        """The rules on repeating failures and nodes."""
+        return repeats.Rules(self.max_repeats, self.node_failures_to_exclude,
+                             self.node_exclusion_expiry,
+                             can_exclude=self.mode == "slurm" and self.max_excluded > 0)
 
     def to_args(self) -> list[str]:
         """The settings as ``--name=value`` arguments."""
@@ -139,7 +150,9 @@ def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
         hosts=",".join(job.hosts) if job else "", nnodes=job.nnodes if job else 1,
         max_failures=int(opts.max_failures), max_attempts=int(opts.max_attempts),
         max_excluded=int(opts.max_excluded), max_stalled=int(opts.max_stalled),
-        progress_path=opts.progress_path)
+        progress_path=opts.progress_path, max_repeats=int(opts.max_repeats),
+        node_failures_to_exclude=int(opts.node_failures_to_exclude),
+        node_exclusion_expiry=int(opts.node_exclusion_expiry))
     emit(RUN_DIR=opts.run_dir, LOCK_FILE=os.path.join(opts.run_dir, own_files.LOCK_NAME),
          FLAG_FILE=opts.flag_file, MODE=opts.mode, LAUNCHER=opts.launcher,
          LAUNCHER_ARGS=opts.launcher_args, SRUN_ARGS=opts.srun_args, COMMAND=opts.command,
@@ -210,15 +223,21 @@ def read_node_reports(results: str, nnodes: int) -> list[policy.NodeReport | Non
     return reports
 
 
-def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str]) -> int:
-    """After an attempt: the verdict, written to the state; the history fields; the exclusion."""
-    end = history.now()
-    state = load_state(settings.run_dir)
-    attempt = state.attempt
+@dataclass
+class Outcome:
+    """How an attempt ended, over all its nodes: what the decision and the node history need."""
+
+    rc: int
+    warned: str
+    terminated: str
+    nodes: policy.NodesOutcome
+
+
+def attempt_outcome(settings: Settings, extra: dict[str, str], attempt: int) -> Outcome:
+    """The attempt's exit code, signals, blamed nodes and fingerprint, from the step's arguments
+    and the launchers' files in ``--results`` (local mode: one launcher, node 0)."""
     warned, terminated = extra.get("warned", ""), extra.get("terminated", "")
-    slurm = settings.mode == "slurm"
-    bad_nodes: list[str] = []
-    if slurm:
+    if settings.mode == "slurm":
         hosts = settings.hosts.split(",") if settings.hosts else []
         srun_rc = int(extra["srun_rc"])
         nodes = policy.nodes_outcome(read_node_reports(extra["results"], settings.nnodes), hosts,
@@ -227,21 +246,68 @@ def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str
             logger.info("attempt %s: %s", attempt, note)
         logger.info("attempt %s: launchers exited %s (srun %s)", attempt,
                     " ".join(f"{node}:{code}" for node, code in nodes.codes), srun_rc)
-        rc, bad_nodes = nodes.rc, nodes.bad_nodes
-        warned, terminated = warned or nodes.warned, terminated or nodes.terminated
-    else:
-        rc = int(extra["rc"])
+        return Outcome(nodes.rc, warned or nodes.warned, terminated or nodes.terminated, nodes)
+    rc = int(extra["rc"])
+    nodes = policy.NodesOutcome(rc=rc)
+    if extra.get("results"):
+        import shutil
+
+        result = repeats.parse_launcher_result(_read(os.path.join(extra["results"], "launcher.0")) or "")
+        shutil.rmtree(extra["results"], ignore_errors=True)
+        # Local mode never excludes a node: the roots are kept for the history alone.
+        nodes.roots = list(result.roots)
+        nodes.fingerprint, nodes.fingerprint_text = result.fingerprint, result.fingerprint_text
+    return Outcome(rc, warned, terminated, nodes)
+
+
+def attempt_events(attempt: int, failed: bool, progressed: bool,
+                   nodes: policy.NodesOutcome) -> list[repeats.Event]:
+    """The attempt's rows of ``node_history.tsv``: how it ended, then the nodes it blamed."""
+    fingerprint = nodes.fingerprint or "-"
+    if not failed:
+        return [repeats.Event(attempt, repeats.NO_NODE, repeats.CLEAN)]
+    events = [repeats.Event(attempt, repeats.NO_NODE, repeats.FAILED, fingerprint,
+                            nodes.fingerprint_text or "-")]
+    if progressed:
+        events.append(repeats.Event(attempt, repeats.NO_NODE, repeats.PROGRESS))
+    events += [repeats.Event(attempt, node, repeats.ROOT, fingerprint, nodes.fingerprint_text or "-")
+               for node in nodes.roots]
+    events += [repeats.Event(attempt, node, repeats.BAD, "-", nodes.why.get(node, "-"))
+               for node in nodes.bad_nodes]
+    return events
+
+
+def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str]) -> int:
+    """After an attempt: the verdict, written to the state; the history fields; the exclusion."""
+    end = history.now()
+    state = load_state(settings.run_dir)
+    attempt = state.attempt
+    out = attempt_outcome(settings, extra, attempt)
+    rc, slurm = out.rc, settings.mode == "slurm"
     flag = own_files.own_file_exists(settings.flag_file)
     newest = history.newest_mtime(settings.progress_path)
-    verdict = policy.decide(policy.Attempt(
-        number=attempt, rc=rc, flag=flag, warned=warned, terminated=terminated,
-        local=not slurm, failures=state.failures, stalled=state.stalled,
-        progressed=bool(newest) and newest != state.progress), settings.limits)
+    progressed = bool(newest) and newest != state.progress
+    # Whether the attempt counts as a failure is the verdict's to say; a first decision without
+    # the repeat tells it, and the node history with this attempt's rows then says whether the
+    # failure repeats.
+    probe = policy.Attempt(number=attempt, rc=rc, flag=flag, warned=out.warned,
+                           terminated=out.terminated, local=not slurm, failures=state.failures,
+                           stalled=state.stalled, progressed=progressed)
+    failed = policy.decide(probe, settings.limits).failed
+    past = history.read_node_history(settings.run_dir)
+    events = attempt_events(attempt, failed, progressed and bool(settings.progress_path), out.nodes)
+    repeat = repeats.repeat_of([*past, *events], out.nodes.fingerprint) if failed else None
+    repeated = repeats.describe(repeat) if repeats.is_bug(repeat, settings.rules) else ""
+    verdict = policy.decide(replace(probe, repeated=repeated), settings.limits)
     history.write_state(settings.run_dir,
                         state.ended(failures=verdict.failures, stalled=verdict.stalled))
     excl = policy.Exclusion()
-    if slurm and verdict.verdict == policy.CONTINUE and not terminated:
-        excl = exclude(settings, bad_nodes, env)
+    if slurm and verdict.verdict == policy.CONTINUE and not out.terminated:
+        excl, changes = exclude(settings, [*past, *events], out.nodes, env)
+        events += changes
+    if verdict.verdict == policy.STOP:
+        events.append(repeats.Event(attempt, repeats.NO_NODE, repeats.STOPPED))
+    history.append_node_history(settings.run_dir, events)
     emit(VERDICT=verdict.verdict, SCRIPT_RC=verdict.exit_code,
          HISTORY_HEADER=history.HISTORY_HEADER,
          DECISION=history.one_field(verdict.text),
@@ -253,29 +319,54 @@ def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str
     return 0
 
 
-def exclude(settings: Settings, bad_nodes: list[str], env: Mapping[str, str]) -> policy.Exclusion:
-    """The exclusion list for the requeued job; ``RUN_DIR/excluded_nodes`` updated to match."""
+def exclude(settings: Settings, events: list[repeats.Event], nodes: policy.NodesOutcome,
+            env: Mapping[str, str]) -> tuple[policy.Exclusion, list[repeats.Event]]:
+    """The exclusion list for the requeued job; ``RUN_DIR/excluded_nodes`` updated to match.
+
+    Returns:
+        The exclusion, and the ``excluded``/``expired`` rows for the node history.
+    """
     if settings.max_excluded <= 0:
-        return policy.Exclusion()
+        return policy.Exclusion(), []
+    attempt = max((e.attempt for e in events), default=0)
     previous = history.read_excluded(settings.run_dir)
+    expired = repeats.expired_nodes(events, previous, settings.node_exclusion_expiry)
+    kept = [node for node in previous if node not in expired]
+    changes = [repeats.Event(attempt, node, repeats.EXPIRED, "-",
+                             f"{settings.node_exclusion_expiry} clean attempts") for node in expired]
+    why = dict(nodes.why)
+    # With the expiries: a node that comes back is not excluded again for its old failures.
+    for node, reason in repeats.bad_nodes([*events, *changes], nodes.fingerprint, settings.rules):
+        why.setdefault(node, reason)
+    new = [node for node in why if node not in kept]
+    for node in new:
+        logger.info("attempt %s: excluding node %s: %s", attempt, node, why[node])
+    for node in expired:
+        logger.info("attempt %s: node %s may come back: %s clean attempts since it was excluded",
+                    attempt, node, settings.node_exclusion_expiry)
     partition = None
-    if previous or bad_nodes:
+    if kept or new:
         from launcher.resume.options import partition_size
 
         partition = partition_size(env)
-    excl = policy.exclusion(previous, bad_nodes, settings.max_excluded, partition,
-                            settings.nnodes)
+    excl = policy.exclusion(kept, new, settings.max_excluded, partition, settings.nnodes)
+    if expired and not excl.update:
+        excl = policy.Exclusion((), True)
     if excl.note:
         logger.info("%s", excl.note)
+    changes += [repeats.Event(attempt, node, repeats.EXCLUDED, "-", why[node])
+                for node in excl.nodes if node in new]
     if excl.update:
         history.write_excluded(settings.run_dir, excl.nodes)
-    return excl
+    return excl, changes
 
 
 def step_requeue_failed(settings: Settings, extra: dict[str, str]) -> int:
     """``scontrol requeue`` failed: stop, and start the next submission's counts afresh."""
     state = load_state(settings.run_dir)
     history.write_state(settings.run_dir, state.ended(failures=0, stalled=0))
+    history.append_node_history(settings.run_dir,
+                                [repeats.Event(state.attempt, repeats.NO_NODE, repeats.STOPPED)])
     emit(VERDICT=policy.STOP, SCRIPT_RC=EXIT_FAILURE,
          DECISION=history.one_field(policy.requeue_failed_text(extra.get("decision", ""))))
     return 0

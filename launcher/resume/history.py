@@ -1,9 +1,10 @@
-"""The run directory's files: ``state``, ``history.tsv`` and ``excluded_nodes``.
+"""The run directory's files: ``state``, ``history.tsv``, ``node_history.tsv`` and ``excluded_nodes``.
 
 ``state`` and ``excluded_nodes`` are replaced atomically (a temporary file in the same
-directory, then a rename), so a reader never sees half of one. ``history.tsv`` only grows, one
-whole line per write; after a requeue the script appends its line itself, with shell builtins
-(see ``scripts/autoresume.sh``), from fields this module formats.
+directory, then a rename), so a reader never sees half of one. ``history.tsv`` and
+``node_history.tsv`` only grow, whole lines per write; after a requeue the script appends its
+``history.tsv`` line itself, with shell builtins (see ``scripts/autoresume.sh``), from fields
+this module formats.
 
 Readers are forgiving: a corrupt or half-written line is skipped, never fatal, because the loop
 must go on with what it can still read. What they read, and what is written, is only ever this
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from launcher.resume.own_files import ForeignFileError, open_own, read_own
 from launcher.resume.policy import is_count, is_node_name
+from launcher.resume.repeats import KINDS, NO_NODE, Event, is_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -201,14 +203,53 @@ def append_history(run_dir: str, fields: str, decision: str) -> None:
     _append(run_dir, f"{fields}\t{one_field(decision)}\n")
 
 
-def _append(run_dir: str, text: str, only_if_empty: bool = False) -> None:
-    """One ``write`` of ``text`` at the end of ``history.tsv`` (this user's file, no link)."""
-    fd = open_own(os.path.join(run_dir, "history.tsv"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+def _append(run_dir: str, text: str, only_if_empty: bool = False, name: str = "history.tsv") -> None:
+    """One ``write`` of ``text`` at the end of ``name`` (this user's file, no link)."""
+    fd = open_own(os.path.join(run_dir, name), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     try:
         if not only_if_empty or os.fstat(fd).st_size == 0:
             os.write(fd, text.encode("utf-8"))
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------- node history
+
+NODE_HISTORY = "node_history.tsv"
+NODE_HISTORY_COLUMNS = ("attempt", "node", "event", "fingerprint", "detail")
+NODE_HISTORY_HEADER = "\t".join(NODE_HISTORY_COLUMNS)
+
+
+def parse_node_history(lines: Iterable[str]) -> list[Event]:
+    """The rows of ``node_history.tsv``; the header and lines that are not a whole, valid row
+    (a line cut short by a dying node, an unknown event) are skipped."""
+    events = []
+    for line in lines:
+        fields = line.rstrip("\n").split("\t")
+        if len(fields) != len(NODE_HISTORY_COLUMNS):
+            continue
+        attempt, node, kind, fingerprint, detail = fields
+        if not is_count(attempt) or kind not in KINDS or not detail \
+                or (node != NO_NODE and not is_node_name(node)) \
+                or (fingerprint != "-" and not is_fingerprint(fingerprint)):
+            continue
+        events.append(Event(int(attempt), node, kind, fingerprint, detail))
+    return events
+
+
+def read_node_history(run_dir: str) -> list[Event]:
+    """The rows of ``RUN_DIR/node_history.tsv``, oldest first (none when there is no file)."""
+    text = read_own(os.path.join(run_dir, NODE_HISTORY))
+    return [] if text is None else parse_node_history(text.splitlines())
+
+
+def append_node_history(run_dir: str, events: Iterable[Event]) -> None:
+    """Append ``events`` in one write (the header first, into an empty file)."""
+    text = "".join("\t".join(one_field(v) for v in (e.attempt, e.node, e.kind, e.fingerprint, e.detail))
+                   + "\n" for e in events)
+    if text:
+        _append(run_dir, NODE_HISTORY_HEADER + "\n", only_if_empty=True, name=NODE_HISTORY)
+        _append(run_dir, text, name=NODE_HISTORY)
 
 
 # ---------------------------------------------------------------------------- excluded nodes

@@ -19,7 +19,8 @@ from launcher.resume import own_files
 from launcher.resume.policy import is_count
 
 MAX_COUNT = 1_000_000
-"""Bound of --max-failures, --max-attempts and --max-stalled."""
+"""Bound of --max-failures, --max-attempts, --max-stalled, --max-repeats,
+--node-failures-to-exclude and --node-exclusion-expiry."""
 SLURM_TIMEOUT_S = 60
 
 # Every option takes a value (--help aside); only the long forms also take "--name=value".
@@ -30,6 +31,8 @@ _OPTIONS = {
     "--launcher": "launcher", "--mode": "mode", "--rdzv-port": "rdzv_port",
     "--srun-args": "srun_args", "--max-excluded": "max_excluded",
     "--progress-path": "progress_path", "--max-stalled": "max_stalled",
+    "--max-repeats": "max_repeats", "--node-failures-to-exclude": "node_failures_to_exclude",
+    "--node-exclusion-expiry": "node_exclusion_expiry",
 }
 
 
@@ -63,6 +66,9 @@ class Options:
     max_excluded: str = "4"
     progress_path: str = ""
     max_stalled: str = "2"
+    max_repeats: str = "2"
+    node_failures_to_exclude: str = "2"
+    node_exclusion_expiry: str = "3"
     command: list[str] = field(default_factory=list)
     help: bool = False
     launcher_args: list[str] = field(default_factory=list)
@@ -85,7 +91,10 @@ def from_environment(env: Mapping[str, str]) -> Options:
         srun_args_str=env.get("AUTORESUME_SRUN_ARGS", ""),
         max_excluded=env.get("AUTORESUME_MAX_EXCLUDED") or "4",
         progress_path=env.get("AUTORESUME_PROGRESS_PATH", ""),
-        max_stalled=env.get("AUTORESUME_MAX_STALLED") or "2")
+        max_stalled=env.get("AUTORESUME_MAX_STALLED") or "2",
+        max_repeats=env.get("AUTORESUME_MAX_REPEATS") or "2",
+        node_failures_to_exclude=env.get("AUTORESUME_NODE_FAILURES_TO_EXCLUDE") or "2",
+        node_exclusion_expiry=env.get("AUTORESUME_NODE_EXCLUSION_EXPIRY") or "3")
 
 
 def parse_args(args: Sequence[str], opts: Options) -> Options:
@@ -167,6 +176,14 @@ def validate(opts: Options, env: Mapping[str, str]) -> Options:
                          f" must be a whole number >= 1 and <= {MAX_COUNT}")
     opts.max_failures, opts.max_attempts = str(max_failures), str(max_attempts)
     opts.max_excluded, opts.max_stalled = str(max_excluded), str(max_stalled)
+    opts.max_repeats = str(_count(opts.max_repeats, 0, MAX_COUNT, "--max-repeats (AUTORESUME_MAX_REPEATS)"
+                                  f" must be a whole number <= {MAX_COUNT} (0 = never stop for a repeat)"))
+    opts.node_failures_to_exclude = str(_count(
+        opts.node_failures_to_exclude, 1, MAX_COUNT, "--node-failures-to-exclude "
+        f"(AUTORESUME_NODE_FAILURES_TO_EXCLUDE) must be a whole number >= 1 and <= {MAX_COUNT}"))
+    opts.node_exclusion_expiry = str(_count(
+        opts.node_exclusion_expiry, 0, MAX_COUNT, "--node-exclusion-expiry "
+        f"(AUTORESUME_NODE_EXCLUSION_EXPIRY) must be a whole number <= {MAX_COUNT} (0 = never)"))
     if opts.mode == "auto":
         in_batch = env.get("SLURM_JOB_ID") and not env.get("SLURM_STEP_ID")
         opts.mode = "slurm" if in_batch else "local"

@@ -26,8 +26,8 @@ import stat
 
 LOCK_NAME = ".lock"
 """The run directory's lock file (``flock``, held by the script and its launchers)."""
-RUN_DIR_FILES = (LOCK_NAME, "state", "history.tsv", "excluded_nodes", "nodes", "finished.flag",
-                 "ft_events.jsonl", "ft_events.jsonl.lock")
+RUN_DIR_FILES = (LOCK_NAME, "state", "history.tsv", "node_history.tsv", "excluded_nodes", "nodes",
+                 "finished.flag", "ft_events.jsonl", "ft_events.jsonl.lock")
 """The entries of the run directory the loop and its launchers use (``nodes`` is a directory)."""
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -15,11 +15,13 @@ from launcher.exit_codes import (
     AUTORESUME_EXIT_NO_PROGRESS,
     EXIT_FAILURE,
     EXIT_NODE_EXCLUDED,
+    EXIT_REPEATED_FAILURE,
     EXIT_SHUTDOWN_REQUESTED,
     EXIT_SIGNAL_BASE,
     EXIT_SUCCESS,
     EXIT_USAGE,
 )
+from launcher.resume.repeats import is_node_name, parse_launcher_result
 
 FINISHED = "finished"
 CONTINUE = "continue"
@@ -28,18 +30,12 @@ STOP = "stop"
 WARNING_SIGNALS = ("USR1", "USR2")
 STOP_SIGNALS = ("TERM", "INT", "HUP")
 
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 _COUNT = re.compile(r"[0-9]{1,9}")
 
 
 def is_count(text: str) -> bool:
     """Whether ``text`` is a whole number of at most 9 digits (the script's counts and codes)."""
     return bool(_COUNT.fullmatch(text))
-
-
-def is_node_name(text: str) -> bool:
-    """Whether ``text`` can be passed to ``scontrol`` as a node name and nothing else."""
-    return bool(_NODE_NAME.fullmatch(text))
 
 
 def signal_exit_code(name: str) -> int:
@@ -67,13 +63,14 @@ def combine_codes(codes: Sequence[int]) -> int:
     """One exit code for an attempt from the codes of all its launchers (one per node).
 
     64 (ShutdownWorkload) if any node says so: one rank's request ends the run. Else 2 (usage
-    error) if any says so: nothing will change on retry. Else the highest, so that a failure or
-    a signal on one node is not hidden by success elsewhere. No codes at all: 0.
+    error) if any says so: nothing will change on retry. Else 66 (a repeating failure) if any
+    says so: a node killed while the others stopped the loop must not hide that. Else the
+    highest, so that a failure or a signal on one node is not hidden by success elsewhere. No
+    codes at all: 0.
     """
-    if EXIT_SHUTDOWN_REQUESTED in codes:
-        return EXIT_SHUTDOWN_REQUESTED
-    if EXIT_USAGE in codes:
-        return EXIT_USAGE
+    for code in (EXIT_SHUTDOWN_REQUESTED, EXIT_USAGE, EXIT_REPEATED_FAILURE):
+        if code in codes:
+            return code
     return max([EXIT_SUCCESS, *codes])
 
 
@@ -108,6 +105,8 @@ class Attempt:
         failures: Consecutive failed attempts before this one.
         stalled: Consecutive failed attempts without progress before this one.
         progressed: Whether a file under the progress path got newer during the attempt.
+        repeated: When the attempt's failure repeats as a bug (:mod:`launcher.resume.repeats`),
+            what repeated; else empty.
     """
 
     number: int
@@ -119,6 +118,7 @@ class Attempt:
     failures: int = 0
     stalled: int = 0
     progressed: bool = False
+    repeated: str = ""
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,10 @@ def decide(attempt: Attempt, limits: Limits) -> Verdict:
     elif rc == EXIT_USAGE:
         verdict, code = STOP, EXIT_USAGE
         text = f"stop: ft_launcher usage error (exit {rc}); fix the command line"
+    elif rc == EXIT_REPEATED_FAILURE:
+        verdict, code = STOP, EXIT_REPEATED_FAILURE
+        text = (f"stop: ft_launcher stopped a repeating failure (exit {rc}): the same failure ended "
+                "its restarts without progress, a requeue will not fix it; not requeued")
     elif attempt.terminated and (not attempt.warned or attempt.local):
         # A preemption or a cancel: ft_launcher exits 0 when its ranks stopped in time, else 1;
         # the signal seen here decides, not that code. In slurm mode a stop signal after a
@@ -199,7 +203,12 @@ def decide(attempt: Attempt, limits: Limits) -> Verdict:
         if limits.progress_path:
             stalled = 0 if attempt.progressed else stalled + 1
             stalled_out = stalled >= limits.max_stalled
-        if stalled_out:
+        if attempt.repeated:
+            # Before the other limits: it names the cause, where they only count.
+            verdict, code = STOP, EXIT_REPEATED_FAILURE
+            text = (f"stop: a repeating failure, a bug and not a node: {attempt.repeated}; "
+                    f"not requeued ({why})")
+        elif stalled_out:
             verdict, code = STOP, AUTORESUME_EXIT_NO_PROGRESS
             text = (f"stop: no progress, {stalled} consecutive failed attempts without a newer "
                     f"file under {limits.progress_path} ({why})")
@@ -259,6 +268,9 @@ class NodeReport:
         stopped: The stop signal the task saw (``TERM``), or empty.
         roots: Host names the launcher named as the root of the failure that ended its run.
         host: The node's kernel host name, as the launchers' records name nodes.
+        fingerprint: The fingerprint of the root failure of the launcher's last failed cycle
+            (12 hex digits), or empty (none, or a launcher that does not write one).
+        fingerprint_text: That fingerprint as one line of text, or empty.
     """
 
     node: str
@@ -267,6 +279,8 @@ class NodeReport:
     stopped: str = ""
     roots: tuple[str, ...] = ()
     host: str = ""
+    fingerprint: str = ""
+    fingerprint_text: str = ""
 
 
 def parse_node_report(text: str, launcher_result: str = "") -> NodeReport | None:
@@ -284,16 +298,13 @@ def parse_node_report(text: str, launcher_result: str = "") -> NodeReport | None
     if len(fields) != 5 or not is_node_name(fields[0]) or not is_count(fields[1]):
         return None
     node, code, warned, stopped, host = fields
-    roots: tuple[str, ...] = ()
-    for line in launcher_result.splitlines():
-        key, _, value = line.partition("=")
-        if key == "root_nodes":
-            roots = tuple(name for name in value.split(",") if is_node_name(name))
+    result = parse_launcher_result(launcher_result)
     return NodeReport(
         node=node, code=int(code),
         warned=warned if warned in WARNING_SIGNALS else "",
         stopped=stopped if stopped in STOP_SIGNALS else "",
-        roots=roots, host=host if is_node_name(host) else node)
+        roots=result.roots, host=host if is_node_name(host) else node,
+        fingerprint=result.fingerprint, fingerprint_text=result.fingerprint_text)
 
 
 @dataclass
@@ -305,7 +316,12 @@ class NodesOutcome:
         codes: ``(node, code)`` per node, in SLURM_NODEID order.
         warned: The first warning signal a node task saw (``SIGUSR1``), or empty.
         terminated: The first stop signal a node task saw (``SIGTERM``), or empty.
-        bad_nodes: Nodes that caused the failure, in the order they were found, no repeats.
+        bad_nodes: Nodes that caused the failure in a way that excludes them at once (lost,
+            ExcludeThisNode), in the order they were found, no repeats; ``why`` says why.
+        roots: Nodes the launchers named as the root of the failure (SLURM names), no repeats:
+            excluded only when it repeats (:mod:`launcher.resume.repeats`).
+        fingerprint: The failure's fingerprint (the one most launchers report), or empty.
+        fingerprint_text: Its text, or empty.
         notes: Log lines, in order (the attempt number is prefixed by the caller).
     """
 
@@ -314,13 +330,20 @@ class NodesOutcome:
     warned: str = ""
     terminated: str = ""
     bad_nodes: list[str] = field(default_factory=list)
+    why: dict[str, str] = field(default_factory=dict)
+    roots: list[str] = field(default_factory=list)
+    fingerprint: str = ""
+    fingerprint_text: str = ""
     notes: list[str] = field(default_factory=list)
 
-    def blame(self, node: str, why: str) -> None:
-        """Record that ``node`` caused the failure, and why."""
+    def blame(self, node: str, why: str, root: bool = False) -> None:
+        """Record that ``node`` caused the failure, and why; ``root``: as its root."""
         self.notes.append(f"node {node} caused a failure: {why}")
-        if node not in self.bad_nodes:
-            self.bad_nodes.append(node)
+        listed = self.roots if root else self.bad_nodes
+        if node not in listed:
+            listed.append(node)
+            if not root:
+                self.why[node] = why
 
 
 def nodes_outcome(reports: Sequence[NodeReport | None], alloc_hosts: Sequence[str],
@@ -358,6 +381,11 @@ def nodes_outcome(reports: Sequence[NodeReport | None], alloc_hosts: Sequence[st
         out.codes.append((node, code))
     _blame_roots(out, named, host_nodes, alloc_hosts, lost)
     out.rc = combine_codes([code for _, code in out.codes])
+    prints = [(r.fingerprint, r.fingerprint_text) for r in reports if r is not None and r.fingerprint]
+    if prints:
+        # Every node computes the same fingerprint from the same exchanged views; should they
+        # differ, the one most nodes report stands.
+        out.fingerprint, out.fingerprint_text = max(prints, key=prints.count)
     return out
 
 
@@ -388,7 +416,7 @@ def _blame_roots(out: NodesOutcome, named: list[str], host_nodes: dict[str, list
                                  f"of this allocation (host=node: {mapping}); not excluded")
                 continue
             nodes = [host]   # SLURM's own name for the node
-        out.blame(nodes[0], "root cause of the failure, as the launchers' records name it")
+        out.blame(nodes[0], "root cause of the failure, as the launchers' records name it", root=True)
 
 
 @dataclass(frozen=True)

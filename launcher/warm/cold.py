@@ -24,6 +24,11 @@ class StartCoordinator(Protocol):
         """A helper process whose children are workers, not leftovers (None if there is none)."""
         ...
 
+    @property
+    def cold_reason(self) -> str | None:
+        """Why the latest cycle (after :meth:`before_cycle`) starts cold; None if it starts warm."""
+        ...
+
     def before_cycle(self, cycle: int) -> bool:
         """Before a cycle's workers start; True if they start warm."""
         ...
@@ -51,6 +56,7 @@ class ColdStart:
 
     uses_stand_ins = False
     pid = None
+    cold_reason = "warm restarts are off (--no-warm-restarts, or an entry point the template cannot run)"
 
     def before_cycle(self, cycle: int) -> bool:
         """Nothing to prepare; the cycle starts cold."""

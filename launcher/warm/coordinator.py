@@ -98,6 +98,8 @@ class WarmTemplate:
         self._ready_fd: int | None = None
         self._buffer = b""
         self.status: dict | None = None
+        self.started_at: float | None = None
+        """When it was started (monotonic), None before."""
         self.spawned: dict[int, int] = {}
         """Stand-in (trampoline) pid -> the worker the template forked for it, as reported."""
 
@@ -126,6 +128,7 @@ class WarmTemplate:
         finally:
             os.close(write_fd)
         os.set_blocking(read_fd, False)
+        self.started_at = time.monotonic()
         self._ready_fd = read_fd
         self._buffer = b""
         self.status = None
@@ -221,6 +224,9 @@ class WarmCoordinator:
 
     uses_stand_ins = True
     """torch starts trampolines (stand-ins); the template forks the workers (see resolve_workers)."""
+    cold_reason: str | None = None
+    """Why the latest cycle (after :meth:`before_cycle`) starts cold, for its ``cycle_start`` record;
+    None if it starts warm."""
 
     def __init__(self, template: WarmTemplate, events: EventLog, start_delay: float = START_DELAY) -> None:
         self.template = template
@@ -262,7 +268,28 @@ class WarmCoordinator:
                 failed_preloads=list(status.get("failed_preloads") or []),
                 cuda_initialized=status.get("cuda_initialized"),
             ))
-        return status is not None and self.template.alive()
+        warm = status is not None and self.template.alive()
+        self.cold_reason = None if warm else self._why_cold(cycle, exit_code)
+        if not warm and cycle > 0 and not self.template.started:
+            # A restart happened before the template was started (the workers failed before they
+            # were all up and before the start delay, as on a crowded node): restarts happen in
+            # this run, so start it now rather than after this cycle's workers are up, so that
+            # the next restart can be warm.
+            self.template.start()
+            self._events.record_event(WarmTemplateStarted(cycle=cycle, pid=self.template.pid))
+        return warm
+
+    def _why_cold(self, cycle: int, exit_code: int | None) -> str:
+        if exit_code is not None:
+            return f"the warm template had exited (code {exit_code}); a new one is started"
+        if not self.template.started:
+            if cycle == 0:
+                return "first cycle: the warm template starts once the workers are up"
+            return ("the warm template had not been started yet: the previous cycle failed before its workers "
+                    f"were all up and before --warm-start-delay ({self._start_delay:g} s); it is started now")
+        age = time.monotonic() - (self.template.started_at or time.monotonic())
+        return (f"the warm template was started {age:.1f} s ago and was not ready yet (importing "
+                f"{', '.join(self.template.preload) or 'nothing'})")
 
     def workers_started(self, now: float | None = None) -> None:
         """The cycle's workers were started at ``now`` (monotonic; default: now)."""

@@ -91,7 +91,8 @@ def test_hang_on_node2_requeues_without_node2(cluster: ClusterRun):
     (the root rank's node), autoresume.sh requeues the job excluding node2, and the next attempt
     runs on node1, node3 and node4 from the last checkpoint."""
     job = cluster.submit_autoresume(nodes=3, launcher_args="--max-restarts 0",
-                                    train_args="--steps 60 --hang-node node2 --hang-step 25 --save-every 10")
+                                    train_args="--steps 60 --hang-node node2 --hang-step 25 --save-every 10",
+                                    script_args=("--node-failures-to-exclude", "1"))
     state = wait_for(lambda: (s := cluster.job_state(job)).get("JobState") == "COMPLETED"
                      and cluster.history() and cluster.history()[-1]["decision"].startswith("finished") and s,
                      300, "the requeued job to finish")

@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher import exit_codes
 from tests.lock_holder import LockHolder
 from tests.workers.autoresume_common import (
     FT_LAUNCHER,
@@ -44,13 +47,14 @@ class LocalRun(AutoresumeRun):
     """Where one test's script keeps things, and how to start it."""
 
     procs: list[subprocess.Popen] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def log(self) -> Path:
         return self.tmp_path / "autoresume.log"
 
     def env(self) -> dict[str, str]:
-        return self._script_env(dict(os.environ))
+        return {**self._script_env(dict(os.environ)), **self.extra_env}
 
     def start(self, *script_args: str, behaviour: list[str] | None = None,
               launcher_args: str = LAUNCHER_ARGS) -> subprocess.Popen:
@@ -100,7 +104,8 @@ def decisions(run: LocalRun) -> list[str]:
 
 
 def test_fails_twice_then_finishes(local_run: LocalRun) -> None:
-    rc = local_run.run("--max-failures", "3", behaviour=["fail-first", "2"])
+    # The worker fails the same way twice: --max-repeats 3, or the second would stop the loop.
+    rc = local_run.run("--max-failures", "3", "--max-repeats", "3", behaviour=["fail-first", "2"])
 
     assert rc == 0, local_run.output()
     history = read_history(local_run.run_dir)
@@ -115,17 +120,25 @@ def test_fails_twice_then_finishes(local_run: LocalRun) -> None:
     assert worker_runs(local_run.state_dir) == 3
 
 
-def test_always_failing_job_stops_after_the_maximum(local_run: LocalRun) -> None:
-    rc = local_run.run("--max-failures", "2", behaviour=["always-fail"])
+def test_always_failing_job_stops_as_a_repeating_failure(local_run: LocalRun) -> None:
+    # The real launcher names the failure's fingerprint in its result file: the same crash ending
+    # two attempts (--max-repeats 2, the default) is a bug, so the loop stops with exit 66 before
+    # --max-failures 3 would (before, it ran a third attempt and stopped with exit 1).
+    rc = local_run.run("--max-failures", "3", behaviour=["always-fail"])
 
-    assert rc == 1, local_run.output()
+    assert rc == exit_codes.EXIT_REPEATED_FAILURE, local_run.output()
     history = read_history(local_run.run_dir)
     assert [row.failures for row in history] == [1, 2]
     assert decisions(local_run) == ["continue", "stop"]
-    assert "2 consecutive failures" in history[-1].decision
+    assert re.fullmatch(r"stop: a repeating failure, a bug and not a node: fingerprint [0-9a-f]{12} \(crash: exit "
+                        r"code 1\) ended attempts 1,2 \(root nodes \S+\); not requeued \(ft_launcher exit 1\)",
+                        history[-1].decision), history[-1].decision
     assert not local_run.flag.exists()
     assert worker_runs(local_run.state_dir) == 2
-    assert "2 consecutive failures, the maximum" in local_run.output()
+    events = [line.split("\t") for line in (local_run.run_dir / "node_history.tsv").read_text().splitlines()]
+    assert [row[:3] for row in events if row[1] == "-"] == [["1", "-", "failed"], ["2", "-", "failed"],
+                                                              ["2", "-", "stop"]]
+    assert [row[0] for row in events if row[2] == "root"] == ["1", "2"]
 
 
 def test_no_progress_stops_with_its_own_exit_code(local_run: LocalRun) -> None:
@@ -133,7 +146,7 @@ def test_no_progress_stops_with_its_own_exit_code(local_run: LocalRun) -> None:
     checkpoints.mkdir()
     (checkpoints / "step_10.pt").write_text("old")
     rc = local_run.run("--max-failures", "10", "--progress-path", str(checkpoints), "--max-stalled", "2",
-                       behaviour=["always-fail"])
+                       "--max-repeats", "0", behaviour=["always-fail"])
 
     assert rc == 3, local_run.output()
     history = read_history(local_run.run_dir)
@@ -355,7 +368,9 @@ def test_help_documents_the_exit_code_mapping() -> None:
     text = proc.stdout
     for needle in ("launcher exit 64", "launcher exit 2", "launcher exit 1", "launcher exit 128+N",
                    "SIGUSR1", "--max-failures", "--run-dir", "--flag-file", "--launcher-args",
-                   "history.tsv", "scontrol requeue", "--open-mode=append"):
+                   "history.tsv", "scontrol requeue", "--open-mode=append", "launcher exit 66",
+                   "--max-repeats N", "--node-failures-to-exclude K", "--node-exclusion-expiry N",
+                   "AUTORESUME_MAX_REPEATS", "node_history.tsv"):
         assert needle in text, needle
 
 
@@ -449,3 +464,132 @@ def test_a_run_dir_or_file_another_user_could_have_planted_is_refused(open_run: 
     assert worker_runs(open_run.state_dir) == 0
     assert (open_run.tmp_path / "secret").read_text() == "root only\n"
     assert not (open_run.run_dir / ".lock").exists()
+
+
+# ---------------------------------------------------------------------------- a scripted launcher
+# For the decisions across attempts: a stand-in for ft_launcher that writes the result file
+# (FT_LAUNCHER_RESULT_FILE) and exits as its plan says, one line per call: "<exit code>
+# <fingerprint or -> [root node]". No torch, no ranks: a few tenths of a second per attempt.
+FAKE_LAUNCHER = """#!/bin/bash
+echo "$AUTORESUME_ATTEMPT ${SLURMD_NODENAME:-local}" >> "$FAKE_DIR/calls"
+read -r rc fingerprint root < <(sed -n "${AUTORESUME_ATTEMPT}p" "$FAKE_DIR/plan")
+if [ -n "${FT_LAUNCHER_RESULT_FILE:-}" ]; then
+  { echo "exit_code=$rc"; echo "outcome=scripted"; echo "root_nodes=${root:-}"
+    if [ "$fingerprint" != - ]; then
+      echo "fingerprint=$fingerprint"; echo "fingerprint_text=crash: ValueError: bad batch"
+    fi
+  } > "$FT_LAUNCHER_RESULT_FILE"
+fi
+exit "${rc:-3}"
+"""
+FP_A, FP_B = "aaaaaaaaaaaa", "0123456789ab"
+
+
+def scripted(local_run: LocalRun, *plan: str) -> str:
+    """A scripted launcher with ``plan`` (line N: attempt N); its path."""
+    fake_dir = local_run.tmp_path / "fake"
+    fake_dir.mkdir()
+    (fake_dir / "plan").write_text("".join(f"{line}\n" for line in plan))
+    launcher = fake_dir / "ft_launcher"
+    launcher.write_text(FAKE_LAUNCHER)
+    launcher.chmod(0o755)
+    local_run.extra_env["FAKE_DIR"] = str(fake_dir)
+    return str(launcher)
+
+
+def launcher_calls(local_run: LocalRun) -> int:
+    return len((local_run.tmp_path / "fake" / "calls").read_text().splitlines())
+
+
+def test_a_fingerprint_that_repeats_across_attempts_stops_with_66(local_run: LocalRun) -> None:
+    # A clean attempt starts the count afresh (before, the loop went on to --max-attempts).
+    launcher = scripted(local_run, f"1 {FP_A} h1", "0 -", f"1 {FP_A} h1", f"1 {FP_A} h1", "0 -")
+    rc = local_run.run("--launcher", launcher, "--max-failures", "10", "--max-attempts", "5", behaviour=["finish"])
+
+    assert rc == exit_codes.EXIT_REPEATED_FAILURE, local_run.output()
+    assert launcher_calls(local_run) == 4
+    assert decisions(local_run) == ["continue"] * 3 + ["stop"]
+    assert read_history(local_run.run_dir)[-1].decision == (
+        f"stop: a repeating failure, a bug and not a node: fingerprint {FP_A} (crash: ValueError: bad batch) "
+        "ended attempts 3,4 (root nodes h1); not requeued (ft_launcher exit 1)")
+
+
+def test_launcher_exit_66_stops_without_another_attempt(local_run: LocalRun) -> None:
+    launcher = scripted(local_run, f"66 {FP_A} h1", "0 -")
+    rc = local_run.run("--launcher", launcher, "--max-attempts", "2", behaviour=["finish"])
+
+    assert rc == exit_codes.EXIT_REPEATED_FAILURE, local_run.output()
+    assert launcher_calls(local_run) == 1
+    assert read_history(local_run.run_dir)[-1].decision.startswith(
+        "stop: ft_launcher stopped a repeating failure (exit 66)")
+
+
+def test_an_older_launcher_without_fingerprints_stops_at_max_failures(local_run: LocalRun) -> None:
+    launcher = scripted(local_run, "1 - h1", "1 - h1", "0 -")
+    rc = local_run.run("--launcher", launcher, "--max-failures", "2", behaviour=["finish"])
+
+    assert rc == exit_codes.EXIT_FAILURE, local_run.output()
+    assert launcher_calls(local_run) == 2
+    assert read_history(local_run.run_dir)[-1].decision == \
+        "stop: 2 consecutive failures, the maximum (ft_launcher exit 1)"
+
+
+# In slurm mode, without SLURM: srun starts the node task once per node of the allocation the
+# test chose (from the loop's exclusion list), scontrol answers what the loop asks, and each run
+# of the script is one run of the requeued job.
+FAKE_SRUN = """#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done
+index=0; pids=()
+for node in $(cat "$FAKE_DIR/allocation"); do
+  SLURM_NODEID=$index SLURMD_NODENAME=$node "$@" & pids+=($!); index=$((index + 1))
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || { code=$?; [ "$code" -le "$rc" ] || rc=$code; }; done
+exit "$rc"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+case "$1 $2" in
+  "show job") echo "JobId=$3 BatchFlag=1 Requeue=1" ;;
+  "show hostnames") tr ' ' '\\n' < "$FAKE_DIR/allocation" ;;
+  "show node") echo "NodeName=$4 NodeAddr=127.0.0.1" ;;
+esac
+"""
+PARTITION = ["n1", "n2", "n3", "n4", "n5"]
+
+
+def test_slurm_mode_excludes_a_repeating_root_lets_it_back_and_stops_a_repeating_bug(local_run: LocalRun) -> None:
+    plan = [f"1 {FP_A} n1", f"1 {FP_B} n1", "0 -", f"1 {FP_A} n2", f"1 {FP_A} n1"]
+    launcher = scripted(local_run, *plan)
+    fake_dir = local_run.tmp_path / "fake"
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL),
+                       ("sinfo", "#!/bin/sh\nprintf '%s\\n' " + " ".join(PARTITION) + "\n")):
+        (fake_dir / name).write_text(text)
+        (fake_dir / name).chmod(0o755)
+    local_run.extra_env.update({"PATH": f"{fake_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "17",
+                                "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2",
+                                "AUTORESUME_PYTHON": sys.executable})
+    codes, allocations = [], []
+    for _ in plan:   # each run: the requeued job, on the nodes the exclusion list leaves
+        excluded_file = local_run.run_dir / "excluded_nodes"
+        excluded = excluded_file.read_text().split() if excluded_file.exists() else []
+        allocations.append([node for node in PARTITION if node not in excluded][:2])
+        (fake_dir / "allocation").write_text(" ".join(allocations[-1]))
+        codes.append(local_run.run("--mode", "slurm", "--launcher", launcher, "--max-failures", "10",
+                                   "--node-exclusion-expiry", "1", behaviour=["finish"]))
+
+    assert codes == [0, 0, 0, 0, exit_codes.EXIT_REPEATED_FAILURE], local_run.output()
+    history = read_history(local_run.run_dir)
+    assert [row.decision.split("; ", 1)[-1] for row in history[:4]] == [
+        "job 17 requeued",                       # n1 the root once: not yet
+        "job 17 requeued excluding n1",          # n1 the root of two failures
+        "job 17 requeued excluding no node",     # one clean attempt later n1 may come back
+        "job 17 requeued"]
+    assert allocations == [["n1", "n2"], ["n1", "n2"], ["n2", "n3"], ["n1", "n2"], ["n1", "n2"]]
+    # Fingerprint A on n1 (attempt 1), then on n2 and n1 after the clean attempt 3: a bug.
+    assert history[4].decision == (
+        f"stop: a repeating failure, a bug and not a node: fingerprint {FP_A} (crash: ValueError: bad batch) "
+        "ended attempts 4,5 (root nodes n2,n1); not requeued (ft_launcher exit 1)")
+    events = [line.split("\t")[:3] for line in (local_run.run_dir / "node_history.tsv").read_text().splitlines()[1:]]
+    assert [row for row in events if row[1] != "-"] == [
+        ["1", "n1", "root"], ["2", "n1", "root"], ["2", "n1", "excluded"], ["3", "n1", "expired"],
+        ["4", "n2", "root"], ["5", "n1", "root"]]

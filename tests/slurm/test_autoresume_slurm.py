@@ -31,7 +31,10 @@ def nodes_of_attempts(out: str, attempts: int) -> list[str]:
 
 
 def test_fails_twice_then_finishes_through_requeues(slurm_run: SlurmRun) -> None:
-    job_id = slurm_run.submit("--max-failures", "3", behaviour=["fail-first", "2"])
+    # The same failure on two nodes would be a repeating bug (--max-repeats); here it stands for
+    # two bad nodes, each excluded after its first failure.
+    job_id = slurm_run.submit("--max-failures", "3", "--max-repeats", "0", "--node-failures-to-exclude", "1",
+                              behaviour=["fail-first", "2"])
     job = slurm_run.wait_done(job_id)
     out = slurm_run.output(job_id, tail=None)
 
@@ -102,7 +105,7 @@ def test_exclude_this_node_requeues_the_job_on_another_node(slurm_run: SlurmRun)
 
 
 def test_always_failing_job_stops_after_the_maximum(slurm_run: SlurmRun) -> None:
-    job_id = slurm_run.submit("--max-failures", "2", behaviour=["always-fail"])
+    job_id = slurm_run.submit("--max-failures", "2", "--max-repeats", "0", behaviour=["always-fail"])
     job = slurm_run.wait_done(job_id)
 
     assert (job.state, job.exit_code, job.restarts) == ("FAILED", 1, 1), slurm_run.output(job_id)

@@ -39,6 +39,20 @@ DECIDE_ROWS = [
      ("stop", 2, "stop: ft_launcher usage error (exit 2); fix the command line", 1, 0)),
     ("usage error beats a warning", Attempt(1, 2, False, warned="SIGUSR1"), LIMITS,
      ("stop", 2, "stop: ft_launcher usage error (exit 2); fix the command line", 0, 0)),
+    ("launcher stopped a repeating failure", Attempt(1, 66, False, failures=1), LIMITS,
+     ("stop", 66, "stop: ft_launcher stopped a repeating failure (exit 66): the same failure ended "
+      "its restarts without progress, a requeue will not fix it; not requeued", 1, 0)),
+    ("exit 66 beats a warning", Attempt(1, 66, False, warned="SIGUSR1", local=False), LIMITS,
+     ("stop", 66, "stop: ft_launcher stopped a repeating failure (exit 66): the same failure ended "
+      "its restarts without progress, a requeue will not fix it; not requeued", 0, 0)),
+    ("a repeat across attempts stops before --max-failures",
+     Attempt(2, 1, False, failures=1, repeated="fingerprint 0123456789ab ended attempts 1,2"), LIMITS,
+     ("stop", 66, "stop: a repeating failure, a bug and not a node: fingerprint 0123456789ab ended "
+      "attempts 1,2; not requeued (ft_launcher exit 1)", 2, 0)),
+    ("a repeat beats no progress",
+     Attempt(2, 1, False, failures=1, stalled=1, repeated="x"), Limits(progress_path="/p"),
+     ("stop", 66, "stop: a repeating failure, a bug and not a node: x; not requeued (ft_launcher "
+      "exit 1)", 2, 0)),
     ("SIGTERM, ranks stopped in time", Attempt(1, 0, False, terminated="SIGTERM"), LIMITS,
      ("stop", 143, "stop: terminated by SIGTERM (ft_launcher exit 0: the ranks stopped in time)",
       0, 0)),
@@ -264,40 +278,42 @@ def test_signals_seen_by_node_tasks_first_one_wins() -> None:
 
 
 ROOT_WHY = "root cause of the failure, as the launchers' records name it"
+# (reports, hosts) -> (roots, nodes excluded at once, notes): a root is excluded only once it
+# repeats (tests/unit/test_resume_repeats.py); a lost or ExcludeThisNode node at once.
 ROOT_ROWS = [
     ("host name maps to the SLURM name",
      [ok("n1", 1, ("h2",), "h1"), ok("n2", 1, ("h2",), "h2")], ["n1", "n2"],
-     ["n2"], [f"node n2 caused a failure: {ROOT_WHY}"]),
+     (["n2"], []), [f"node n2 caused a failure: {ROOT_WHY}"]),
     ("two roots, each once",
      [ok("n1", 1, ("h2", "h1"), "h1"), ok("n2", 1, ("h1",), "h2")], ["n1", "n2"],
-     ["n2", "n1"], [f"node n2 caused a failure: {ROOT_WHY}", f"node n1 caused a failure: {ROOT_WHY}"]),
+     (["n2", "n1"], []), [f"node n2 caused a failure: {ROOT_WHY}", f"node n1 caused a failure: {ROOT_WHY}"]),
     ("a host that is two virtual nodes is not excluded",
      [ok("n1", 1, ("box",), "box"), ok("n2", 1, (), "box")], ["n1", "n2"],
-     [], ["the launchers named host box as the root, which is more than one node of this "
+     ([], []), ["the launchers named host box as the root, which is more than one node of this "
           "allocation; not excluded"]),
     ("SLURM's own name is taken as is",
      [ok("n1", 1, ("n2",), "h1"), ok("n2", 1, (), "h2")], ["n1", "n2"],
-     ["n2"], [f"node n2 caused a failure: {ROOT_WHY}"]),
+     (["n2"], []), [f"node n2 caused a failure: {ROOT_WHY}"]),
     ("a host outside the allocation is not excluded",
      [ok("n1", 1, ("elsewhere",), "h1")], ["n1"],
-     [], ["the launchers named host elsewhere as the root, which is no node of this allocation "
+     ([], []), ["the launchers named host elsewhere as the root, which is no node of this allocation "
           "(host=node: h1=n1); not excluded"]),
     ("a lost node explains the failure: roots are not blamed",
      [ok("n1", 1, ("h1",), "h1"), None], ["n1", "n2"],
-     ["n2"], ["node n2 caused a failure: lost (its launcher never reported)",
+     ([], ["n2"]), ["node n2 caused a failure: lost (its launcher never reported)",
               "not blaming h1 (named as root by the launchers): node(s) n2 lost, which explains "
               "the failure"]),
     ("a root that also exited 65 is listed once",
      [ok("n1", 65, ("h1",), "h1")], ["n1"],
-     ["n1"], ["node n1 caused a failure: ExcludeThisNode", f"node n1 caused a failure: {ROOT_WHY}"]),
+     (["n1"], ["n1"]), ["node n1 caused a failure: ExcludeThisNode", f"node n1 caused a failure: {ROOT_WHY}"]),
 ]
 
 
 @pytest.mark.parametrize(("reports", "hosts", "bad", "notes"), [row[1:] for row in ROOT_ROWS],
                          ids=[row[0] for row in ROOT_ROWS])
-def test_root_nodes(reports: list, hosts: list[str], bad: list[str], notes: list[str]) -> None:
+def test_root_nodes(reports: list, hosts: list[str], bad: tuple, notes: list[str]) -> None:
     out = policy.nodes_outcome(reports, hosts, 1)
-    assert (out.bad_nodes, out.notes) == (bad, notes)
+    assert ((out.roots, out.bad_nodes), out.notes) == (bad, notes)
 
 
 # ---------------------------------------------------------------------------- exclusion
@@ -720,4 +736,5 @@ def test_the_policy_imports_nothing_heavy() -> None:
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.stdout.split() == ["launcher", "launcher.exit_codes", "launcher.resume",
                                    "launcher.resume.__main__", "launcher.resume.history",
-                                   "launcher.resume.own_files", "launcher.resume.policy"]
+                                   "launcher.resume.own_files", "launcher.resume.policy",
+                                   "launcher.resume.repeats"]

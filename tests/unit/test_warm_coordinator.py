@@ -79,11 +79,26 @@ def test_a_dead_template_is_recorded_forgotten_and_started_again(coordinator):
         assert time.monotonic() < deadline
         time.sleep(0.02)
     assert coordinator.before_cycle(1) is False  # this cycle starts cold
+    assert coordinator.cold_reason == "the warm template had exited (code -9); a new one is started"
     replaced = [r for r in events.records if r["event"] == "warm_template_replaced"]
     assert [(r["cycle"], r["exit_code"]) for r in replaced] == [(1, -signal.SIGKILL)]
-    assert coordinator.pid is None and not os.path.exists(coordinator.template.socket_path)
-    assert coordinator.maybe_start(1, workers_up=True)
+    # a restart is under way: the new template starts at once, for the next restart
     assert coordinator.pid not in (None, first)
+    assert events.records[-1]["event"] == "warm_template_started" and events.records[-1]["cycle"] == 1
+    assert not coordinator.maybe_start(1, workers_up=True)
+
+
+def test_a_cold_cycle_says_why_and_a_restart_before_the_template_started_starts_it(coordinator):
+    coordinator, events = coordinator
+    assert coordinator.before_cycle(0) is False
+    assert coordinator.cold_reason.startswith("first cycle")
+    assert coordinator.pid is None  # the first cycle's workers import first
+    # cycle 0 failed before its workers were up and before the start delay: no template yet
+    assert coordinator.before_cycle(1) is False
+    assert "had not been started yet" in coordinator.cold_reason and "--warm-start-delay (30 s)" in coordinator.cold_reason
+    assert coordinator.pid is not None and kinds(events) == ["warm_template_started"]
+    wait_ready(coordinator)
+    assert coordinator.before_cycle(2) is True and coordinator.cold_reason is None
 
 
 def test_adopt_rewrites_python_commands_only(coordinator):
