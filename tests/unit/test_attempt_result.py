@@ -54,7 +54,8 @@ def test_the_fingerprint_is_one_printable_line(tmp_path):
     assert write_result(str(path), 66, "repeated_failure", ["node2"],
                         ("0123456789ab", "crash: ValueError: bad\nshard\x1b[31m N at train.py step"))
     lines = path.read_text().splitlines()
-    assert lines[-2:] == ["fingerprint=0123456789ab", "fingerprint_text=crash: ValueError: bad shard [31m N at train.py step"]
+    assert lines[-2:] == ["fingerprint=0123456789ab",
+                          "fingerprint_text=crash: ValueError: bad shard [31m N at train.py step"]
 
 
 def test_an_unwritable_result_file_is_a_warning_not_a_crash(tmp_path, caplog):
