@@ -52,7 +52,7 @@ from ft_core.wire.env import (
     FT_RANK_CONFIG_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
-from launcher import processes
+from launcher import node_check, processes
 from launcher.agent_phase import AgentPhase
 from launcher.clean_end import AT_EXIT_SIGNAL, CleanEnds
 from launcher.control_server import ControlServer
@@ -71,6 +71,7 @@ from launcher.records import (
     MonitorDied,
     MonitorReplaced,
     MonitorUnresponsive,
+    NodeCheck,
     RankEscalated,
     Restart,
     SignalForwarded,
@@ -184,6 +185,11 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._events = events
         self._policy = restart_policy
         self._crash_loop = CrashLoopGuard(ft_cfg.max_no_progress_cycles, ft_cfg.min_progress_iterations)
+        self._node_check = node_check.NodeCheckSettings(
+            dirs=node_check.default_dirs() if ft_cfg.node_check_dirs is None else ft_cfg.node_check_dirs,
+            min_free_mb=ft_cfg.node_check_min_free_mb, max_write_seconds=ft_cfg.node_check_max_write_seconds,
+            command=ft_cfg.node_health_check_cmd, command_timeout=ft_cfg.node_health_check_timeout)
+        self._said_skipped: set[str] = set()
         self.last_fingerprint: Fingerprint | None = None
         """The root failure of the latest failed cycle (for the result file), None before one."""
         self._channel = StoreChannel()
@@ -253,6 +259,7 @@ class FaultTolerantAgent(LocalElasticAgent):
     # ------------------------------------------------------------------ starting
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        self._check_node()
         started = time.monotonic()
         super()._rendezvous(worker_group)
         self._rendezvous_s = time.monotonic() - started
@@ -260,6 +267,26 @@ class FaultTolerantAgent(LocalElasticAgent):
         if (worker_group.group_world_size or 1) > 1 and worker_group.group_rank is not None:
             # names this node if it later sends no view of a failure (rule 4 of launcher.culprit)
             self._channel.publish_member(worker_group.group_rank, self._events.node)
+
+    def _check_node(self) -> None:
+        """The node check before a rendezvous (:mod:`launcher.node_check`).
+
+        Raises:
+            node_check.NodeCheckFailed: A check failed: this node does not join (torch's ``run``
+                stops the workers; the launcher exits 65).
+        """
+        results = node_check.run_checks(self._node_check)
+        for result in results:
+            if result.skipped and result.name not in self._said_skipped:
+                self._said_skipped.add(result.name)
+                logger.info("node check: %s %s", result.name, result.detail)
+        failed = node_check.failures(results)
+        if not failed:
+            logger.debug("node check passed: %s", node_check.describe(results))
+            return
+        self._events.record_event(NodeCheck(cycle=self.cycle + 1, passed=False,
+                                            checks=[dataclasses.asdict(r) for r in results]))
+        raise node_check.NodeCheckFailed(node_check.describe(failed))
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.cycle += 1

@@ -39,7 +39,7 @@ from ft_core.wire import protocol
 from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_LAUNCHER_RUN_ENV_VAR
 from ft_core.wire.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
-from launcher import exit_codes, processes, rendezvous_poll
+from launcher import exit_codes, membership, processes, rendezvous_poll
 from launcher.agent import FaultTolerantAgent
 from launcher.agent_phase import AgentPhase
 from launcher.attempt_result import write_result
@@ -59,6 +59,7 @@ from launcher.launch_config import (
     worker_spec,
 )
 from launcher.monitors import MonitorPool
+from launcher.node_check import NodeCheckFailed
 from launcher.options import LauncherOptions, UsageError, config_sources
 from launcher.records import LauncherStart, MonitorsStarted, Result, StoreLost
 from launcher.restart_policy import OUTCOME_EXCLUDED, OUTCOME_REPEATED, OUTCOME_SHUTDOWN, RestartPolicy
@@ -240,6 +241,8 @@ class LauncherRun:
             rendezvous_poll.apply_to_handler(rdzv_handler, poll_interval)
             logger.info("rendezvous: waiting nodes read the store every %.2f s (--rdzv-conf %s=S)",
                         poll_interval, rendezvous_poll.POLL_INTERVAL_KEY)
+        # waiting nodes that cannot fit (or, under min-healthy, any new node) stay spares
+        rdzv_handler = membership.wrap(rdzv_handler, self._ft_cfg.restart_policy)
         watchdog = start_store_watchdog(config, store_lost_after, self._store_lost)
         if watchdog is not None:
             self._releases.callback(watchdog.stop)
@@ -315,6 +318,12 @@ class LauncherRun:
         except RendezvousError as err:
             logger.error("rendezvous failed: %s: %s", type(err).__name__, err)
             result = _Result("rendezvous failed", exit_codes.EXIT_FAILURE)
+        except NodeCheckFailed as err:
+            close = False  # the other nodes go on without this one (a spare takes its place)
+            logger.error("the node check failed, so this node does not join the job: %s; leaving (exit %s, as "
+                         "for ExcludeThisNode: scripts/autoresume.sh excludes the node at its next requeue)",
+                         err, exit_codes.EXIT_NODE_EXCLUDED)
+            result = _Result("node check failed", exit_codes.EXIT_NODE_EXCLUDED)
         else:
             if agent.phase is AgentPhase.SHUTDOWN:
                 # keep the store (hosted here with c10d) up until the other nodes saw the request

@@ -242,6 +242,19 @@ _COLLATERAL = "for collateral ranks"
 
 
 @dataclass(kw_only=True)
+class NodeCheck(EventRecord):
+    """``node_check``: the node check before a rendezvous (``launcher/node_check.py``) failed, so this
+    node did not join; or it passed after a restart."""
+
+    EVENT: ClassVar[str] = "node_check"
+
+    cycle: int | None = _f(doc="the cycle it was checked for")
+    passed: bool | None = _f()
+    checks: list[dict[str, Any]] = _f(
+        doc="each check: `name`, `ok`, `detail`, `seconds`, `skipped`, the command's `output`", factory=list)
+
+
+@dataclass(kw_only=True)
 class Failure(EventRecord):
     """``failure``: a worker of the cycle failed (one record each, the root's first)."""
 
@@ -459,7 +472,7 @@ class Summary(EventRecord):
 KINDS: dict[str, type[EventRecord]] = {
     cls.EVENT: cls for cls in (
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
-        WorkersReady, WorkersSucceeded, AbortedAtExit, Failure, ControlRequest, MonitorDied, MonitorReplaced,
+        WorkersReady, WorkersSucceeded, AbortedAtExit, NodeCheck, Failure, ControlRequest, MonitorDied, MonitorReplaced,
         MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart, MinHealthyRestart,
         LeftoversKilled, StoreLost, Result, Summary,
     )

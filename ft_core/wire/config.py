@@ -42,7 +42,9 @@ from ft_core.wire.config_values import (
     dump_log_level,
     number_bounds,
     parse_choice,
+    parse_command,
     parse_count,
+    parse_directories,
     parse_log_level,
     parse_number,
     parse_seconds,
@@ -300,6 +302,38 @@ class FaultToleranceConfig:
         frozenset({Role.LAUNCHER}),
         metavar="CODE",
     ))
+    node_check_dirs: Optional[list[str]] = _declare(None, FieldSpec(
+        "Directories checked before each rendezvous (free space, a 1 MiB write with fsync): a node "
+        "that fails does not join (exit 65). null: the temp dir and /dev/shm; [] or \"\": none.",
+        parse_directories,
+        "absolute directory paths (a list, or separated by commas), [] for none, or null for the defaults",
+        frozenset({Role.LAUNCHER}),
+        metavar="DIRS",
+    ))
+    node_check_min_free_mb: float = _declare(50.0, FieldSpec(
+        "Free space, in MiB, each of node_check_dirs must have.",
+        lambda name, value: parse_number(name, value, minimum=0.0, maximum=1e9),
+        f"a number {number_bounds(0.0, 1e9)}",
+        frozenset({Role.LAUNCHER}),
+        metavar="MIB",
+    ))
+    node_check_max_write_seconds: float = _seconds_field(
+        10.0, "Longest time the node check's 1 MiB write with fsync may take in each of node_check_dirs.",
+        {Role.LAUNCHER}, allow_none=False, maximum=600.0,
+    )
+    node_health_check_cmd: Optional[str] = _declare(None, FieldSpec(
+        "Your own node check, run with /bin/sh -c before each rendezvous: a non-zero exit status keeps "
+        "this node out of the job (exit 65; scripts/autoresume.sh excludes it at its next requeue), and "
+        "its output goes into the node_check record.",
+        parse_command,
+        "one shell command line, or null",
+        frozenset({Role.LAUNCHER}),
+        metavar="COMMAND",
+    ))
+    node_health_check_timeout: float = _seconds_field(
+        60.0, "Seconds node_health_check_cmd may run; longer fails the check.",
+        {Role.LAUNCHER}, allow_none=False, maximum=3600.0,
+    )
     rank_termination_grace: float = _seconds_field(
         5.0, "Seconds a hung rank has to exit after rank_termination_signal; a rank still alive "
         "then gets SIGKILL on its process group (and the launcher records it).",

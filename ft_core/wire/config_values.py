@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import signal
 from collections.abc import Mapping
 from typing import Any, Optional
@@ -135,6 +136,37 @@ def parse_count(field_name: str, value: Any, *, minimum: int, maximum: int, excl
         raise ConfigError(f"{field_name} must be a whole number from {minimum} to {maximum}{others}, "
                           f"got {short_repr(value)}")
     return number
+
+
+def parse_command(field_name: str, value: Any) -> Optional[str]:
+    """A shell command line (one line, at most 4096 characters), or None for none.
+
+    Raises:
+        ConfigError: Not a string, empty, several lines or too long.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip() or "\n" in value or len(value) > 4096:
+        raise ConfigError(f"{field_name} must be one shell command line of at most 4096 characters (or null), "
+                          f"got {short_repr(value)}")
+    return value.strip()
+
+
+def parse_directories(field_name: str, value: Any) -> Optional[list[str]]:
+    """Absolute directory paths, as a list or a comma-separated string; None for the defaults;
+    an empty list (or ``""``) for none.
+
+    Raises:
+        ConfigError: Not a list of absolute paths.
+    """
+    if value is None:
+        return None
+    items = [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or len(items) > 64 or not all(
+            isinstance(item, str) and os.path.isabs(item) and len(item) <= 4096 for item in items):
+        raise ConfigError(f"{field_name} must be absolute directory paths (a list, or separated by commas), "
+                          f"got {short_repr(value)}")
+    return list(items)
 
 
 def parse_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> str:
