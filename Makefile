@@ -11,6 +11,8 @@ PYTEST_ARGS ?=
 # Test processes for make test: most tests wait on launchers and subprocesses, so two share the
 # 2 cores well (7 min instead of 9 on this machine kind). PYTEST_WORKERS=0 runs them in-process.
 PYTEST_WORKERS ?= 2
+# --durations=30 in make test: every log (CI's too) lists the slowest tests; .ci/run must stay
+# under 30 minutes on 2 cores.
 
 .PHONY: venv test test-unit test-slurm test-cluster test-cluster-locked demo bench bench-peer lint clean check-torch-versions test-torch-oldest
 
@@ -23,7 +25,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=30 $(PYTEST_ARGS)
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
