@@ -635,11 +635,44 @@ def check_rendezvous_poll(src: TorchSource) -> Iterator[str]:
                "(launcher/rendezvous_poll.py sets it)")
 
 
+MEMBERSHIP_HANDLER_ATTRIBUTES = {
+    "_state_holder": "the shared rendezvous state (participants, wait list) is read from it",
+    "_settings": "settings.max_nodes: whether this node's round had a free slot",
+    "_heartbeat_lock": "held while the state is read (torch holds it while it syncs the state)",
+}
+"""Private attributes of torch's ``DynamicRendezvousHandler`` that launcher/membership.py reads."""
+
+
+def check_membership(src: TorchSource) -> Iterator[str]:
+    """launcher/membership.py reads the dynamic rendezvous state to decide which waiting nodes
+    count: the handler's private attributes, the state's participants and wait list, the
+    settings' max_nodes, and torch's own count must still be the wait list's size."""
+    handler = src.cls(DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler")
+    assigned = self_attributes_assigned(handler)
+    for name, why in MEMBERSHIP_HANDLER_ATTRIBUTES.items():
+        if name not in assigned:
+            yield f"DynamicRendezvousHandler no longer keeps self.{name} (launcher/membership.py: {why})"
+    methods = _methods(handler)
+    for name in ("next_rendezvous", "num_nodes_waiting"):
+        if name not in methods:
+            yield f"DynamicRendezvousHandler has no {name} (launcher/membership.py wraps it)"
+    waiting = methods.get("num_nodes_waiting")
+    if waiting is not None and "state.wait_list" not in src.segment(DYNAMIC_RENDEZVOUS, waiting):
+        yield ("DynamicRendezvousHandler.num_nodes_waiting no longer counts state.wait_list "
+               "(launcher/membership.py refines that count)")
+    state_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "_RendezvousState"))
+    for name in ("participants", "wait_list"):
+        if name not in state_fields:
+            yield f"_RendezvousState has no {name} (launcher/membership.py reads it)"
+    if "max_nodes" not in class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings")):
+        yield "RendezvousSettings has no max_nodes (launcher/membership.py reads it)"
+
+
 CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (
     check_hooks, check_start_workers_hands_us_envs, check_stop_workers, check_shutdown_timeout,
     check_invoke_run, check_private_attributes, check_data_we_read, check_environment_variables,
     check_launch_agent, check_launch_config, check_torchrun, check_our_imports, check_rendezvous_poll,
-    check_c10d_read_timeout,
+    check_c10d_read_timeout, check_membership,
 )
 
 

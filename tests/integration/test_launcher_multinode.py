@@ -5,6 +5,7 @@ A killed node and an excluded node are rows of the fault matrix (tests/faults).
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from pathlib import Path
@@ -137,3 +138,69 @@ def test_a_node_that_starts_late_joins_under_the_default_rendezvous_settings(tmp
         start = node.events("launcher_start")[0]
         assert start["rdzv_conf"]["keep_alive_interval"] == "1" and start["rdzv_conf"]["last_call_timeout"] == "2"
     assert a.events("cycle_start")[0]["rendezvous_s"] >= late_by - 1
+
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["any-failed", "min-healthy"])
+def test_more_waiting_nodes_than_free_slots_do_not_restart_the_workload_forever(tmp_path, policy):
+    # Node a runs alone in a 1:2 job (its round completes after the last call with one
+    # participant); b, c and d then join while the round is complete with a free slot, so torch
+    # puts them on its wait list. torch's agent restarts whenever that list is not empty, and
+    # after a restart the nodes that found no place (at least one of b, c, d) stay on it: without
+    # launcher/membership.py the job restarted about twice a second, forever. Under any-failed one
+    # new node fits (one restart takes it in); under min-healthy new nodes are spares (no restart).
+    port = free_port()
+    args = ["--restart-policy", policy, "--max-restarts", "5"]
+    work = ["--steps", "2", "--wait-for-signal"]  # each worker ends once its launcher forwards SIGUSR1
+    # a node's keep-alive may lag under load while three launchers start: allow 10 s before it counts as dead
+    conf = "join_timeout=30,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=10"
+    # under any-failed node a looks for waiting nodes every 3 s, so that all three spares wait by
+    # then (they start up to seconds apart) and two of them find no place in the next round
+    slow_look = ["--monitor-interval", "3"] if policy == "any-failed" else []
+    a = Node("a", tmp_path, port, "1:2", args + slow_look, work, rdzv_conf=conf)
+    spares: list[Node] = []
+    nodes = [a]
+
+    def restarts() -> int:
+        return sum(len(n.events("restart")) for n in nodes)
+
+    def in_pair_round() -> list[Node]:  # the nodes that started a cycle in a round of two
+        return [n for n in nodes if any(c["group_world_size"] == 2 for c in n.events("cycle_start"))]
+
+    try:
+        wait_for(lambda: a.events_path.exists() and a.events("cycle_start"), 60, "node a's first cycle")
+        spares = [Node(name, tmp_path, port, "1:2", args, work, rdzv_conf=conf) for name in ("b", "c", "d")]
+        nodes += spares
+        wait_for(lambda: all(n.events_path.exists() and n.events("monitors_started") for n in spares), 60,
+                 "the spares to reach the rendezvous")
+        if policy == "any-failed":
+            wait_for(lambda: len(in_pair_round()) == 2, 30, "the restart that takes one new node in")
+        # the observation itself: in a loop a node of the job restarts at once (the other within
+        # its monitor interval); no further restart or cycle may come in 5 s
+        expected_starts, expected_restarts = (3, 1) if policy == "any-failed" else (1, 0)
+        observe_until = time.monotonic() + 5
+        while (time.monotonic() < observe_until and restarts() <= expected_restarts
+               and sum(len(n.events("cycle_start")) for n in nodes) <= expected_starts):
+            time.sleep(0.1)
+        starts = {n.dir.name: [(c["cycle"], c["group_world_size"]) for c in n.events("cycle_start")] for n in nodes}
+        assert sum(map(len, starts.values())) == expected_starts, starts
+        assert restarts() == expected_restarts == len(a.events("restart")), starts
+        running = in_pair_round() if policy == "any-failed" else [a]
+        for node in running:
+            node.proc.send_signal(signal.SIGUSR1)
+        for node in running:
+            assert node.finish(timeout=30) == 0, node.err
+        # the others leave once the job has ended and closed the rendezvous (torch's agent fails a
+        # wait-listed node whose rendezvous closed: exit 1)
+        for node in nodes:
+            if node not in running:
+                node.finish(timeout=30)
+                assert not [c for c in node.events("cycle_start") if c["group_world_size"] == 2], starts
+    finally:
+        for node in nodes:
+            if node.proc.poll() is None:
+                node.proc.kill()
+                node.proc.communicate()

@@ -1,0 +1,127 @@
+"""Which waiting nodes make the agent restart its workload: a proxy around torch's rendezvous handler.
+
+torch's agent, while its workers are healthy, asks the rendezvous handler how many nodes wait
+(``num_nodes_waiting``) and restarts the workload whenever that number is above 0. torch's dynamic
+(c10d) rendezvous answers with the size of its wait list. A node lands on that list when it joins
+while the round is complete and has room (fewer participants than ``--nnodes`` MAX); when the next
+round fills up, the nodes that did not get a place stay on the wait list instead of moving to the
+spare (redundancy) list. From then on every node of the job sees "nodes waiting" after every round
+and restarts again, forever (two spares that joined while a node restarted are enough).
+
+:class:`MembershipHandler` wraps torch's handler (every attribute is the real handler's) and decides
+from the rendezvous state which waiting nodes count:
+
+- a waiting node that was a member of this node's round always counts: it is a member restarting
+  (a failure on another node), and torch's way of restarting every node needs it;
+- a new node counts only under ``any-failed`` and only while this node's round had a free slot
+  (fewer participants than MAX): it can join, so the workload restarts to take it in;
+- under ``min-healthy`` a new node never counts: it is a spare and does not interrupt training.
+
+A waiting node that cannot fit is a spare under either policy. Where the state cannot be read (a
+handler without torch's dynamic-rendezvous state, a torch that changed it), the handler answers with
+torch's own count and logs one warning. ``tests/torch_source_checks.py`` checks the private
+attributes read here on every supported torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from launcher.restart_policy import MIN_HEALTHY
+
+logger = logging.getLogger(__name__)
+
+
+class MembershipHandler:
+    """torch's rendezvous handler, with a ``num_nodes_waiting`` that counts only nodes that fit.
+
+    Args:
+        handler: The handler from torch's rendezvous registry.
+        restart_policy: ``any-failed`` or ``min-healthy`` (the ``restart_policy`` config field).
+    """
+
+    def __init__(self, handler: Any, restart_policy: str) -> None:
+        # set through __dict__ so that __getattr__ never sees these names missing
+        self.__dict__["_handler"] = handler
+        self.__dict__["_new_nodes_may_join"] = restart_policy != MIN_HEALTHY
+        self.__dict__["_round_members"] = None  # frozenset of this node's round, once joined
+        self.__dict__["_warned"] = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handler, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # e.g. a cache duration set on the handler must reach torch's handler, not the proxy
+        setattr(self._handler, name, value)
+
+    @property
+    def wrapped(self) -> Any:
+        """The handler from torch's registry."""
+        return self._handler
+
+    def next_rendezvous(self) -> Any:
+        """torch's ``next_rendezvous``; remembers the members of the round this node joined."""
+        info = self._handler.next_rendezvous()
+        members = self._read(lambda state: frozenset(state.participants))
+        self.__dict__["_round_members"] = members
+        return info
+
+    def num_nodes_waiting(self) -> int:
+        """How many waiting nodes should make this node restart its workload (see the module).
+
+        Returns:
+            torch's count where it is 0 or the rendezvous state cannot be read; otherwise the
+            waiting nodes that were members of this node's round, plus (``any-failed`` only, and
+            only while the round had fewer participants than ``--nnodes`` MAX) the new ones.
+        """
+        torch_count = int(self._handler.num_nodes_waiting())  # syncs the state, records torch's errors
+        if torch_count == 0:
+            return 0
+        members = self._round_members
+        waiting = self._read(lambda state: frozenset(state.wait_list))
+        max_nodes = self._read_max_nodes()
+        if members is None or waiting is None or max_nodes is None:
+            return torch_count
+        restarting = waiting & members
+        new = waiting - members
+        counted = len(restarting)
+        if new and self._new_nodes_may_join and len(members) < max_nodes:
+            counted += len(new)
+        if counted != torch_count:
+            logger.debug("rendezvous: %s node(s) wait, %s count (%s restarting member(s); new nodes %s)",
+                         torch_count, counted, len(restarting),
+                         "join" if counted > len(restarting) else "stay spares")
+        return counted
+
+    def _read(self, read: Any) -> Any:
+        """``read(state)`` on torch's rendezvous state under the handler's lock; None if unreadable."""
+        try:
+            holder = self._handler._state_holder
+            lock = getattr(self._handler, "_heartbeat_lock", None)
+            if isinstance(lock, type(threading.Lock())):
+                with lock:
+                    return read(holder.state)
+            return read(holder.state)
+        except (AttributeError, TypeError) as err:
+            self._warn_once(f"{type(err).__name__}: {err}")
+            return None
+
+    def _read_max_nodes(self) -> int | None:
+        try:
+            return int(self._handler._settings.max_nodes)
+        except (AttributeError, TypeError, ValueError) as err:
+            self._warn_once(f"{type(err).__name__}: {err}")
+            return None
+
+    def _warn_once(self, why: str) -> None:
+        if not self._warned:
+            self.__dict__["_warned"] = True
+            logger.warning("rendezvous: cannot read the rendezvous state (%s); every waiting node makes "
+                           "the workload restart, as in torch (spares included)", why)
+
+
+def wrap(handler: Any, restart_policy: str) -> MembershipHandler:
+    """torch's rendezvous ``handler`` wrapped in a :class:`MembershipHandler` for ``restart_policy``."""
+    return MembershipHandler(handler, restart_policy)

@@ -1,0 +1,86 @@
+"""launcher/membership.py: which waiting nodes count, on a stand-in for torch's handler's state."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from launcher.membership import MembershipHandler
+
+
+class FakeHandler:
+    """Just the parts of torch's DynamicRendezvousHandler that the proxy reads."""
+
+    def __init__(self, participants: set[str], max_nodes: int) -> None:
+        self._state_holder = SimpleNamespace(state=SimpleNamespace(participants=dict.fromkeys(participants, 0),
+                                                                   wait_list=set()))
+        self._settings = SimpleNamespace(max_nodes=max_nodes)
+        self._heartbeat_lock = threading.Lock()
+        self.closed = False
+
+    def next_rendezvous(self) -> str:
+        return "info"
+
+    def num_nodes_waiting(self) -> int:
+        return len(self._state_holder.state.wait_list)
+
+    def set_closed(self) -> None:
+        self.closed = True
+
+
+def joined(participants: set[str], max_nodes: int, policy: str) -> tuple[FakeHandler, MembershipHandler]:
+    fake = FakeHandler(participants, max_nodes)
+    proxy = MembershipHandler(fake, policy)
+    assert proxy.next_rendezvous() == "info"
+    return fake, proxy
+
+
+def test_new_nodes_count_under_any_failed_only_while_the_round_has_a_free_slot():
+    fake, proxy = joined({"a"}, 2, "any-failed")
+    fake._state_holder.state.wait_list = {"b", "c"}
+    assert proxy.num_nodes_waiting() == 2  # one fits: restart to take it in
+    fake, proxy = joined({"a", "b"}, 2, "any-failed")
+    fake._state_holder.state.wait_list = {"c"}
+    assert proxy.num_nodes_waiting() == 0  # the round is full: c is a spare (torch said 1)
+
+
+def test_under_min_healthy_new_nodes_never_count_but_restarting_members_do():
+    fake, proxy = joined({"a", "b"}, 3, "min-healthy")
+    fake._state_holder.state.wait_list = {"c", "d"}
+    assert proxy.num_nodes_waiting() == 0
+    fake._state_holder.state.wait_list = {"b", "c"}  # b left the round to restart
+    assert proxy.num_nodes_waiting() == 1
+
+
+@pytest.mark.parametrize("policy", ["any-failed", "min-healthy"])
+def test_a_restarting_member_counts_in_a_full_round(policy):
+    fake, proxy = joined({"a", "b"}, 2, policy)
+    fake._state_holder.state.wait_list = {"b", "x"}
+    assert proxy.num_nodes_waiting() == 1
+
+
+def test_an_unreadable_state_falls_back_to_torchs_count_with_one_warning(caplog):
+    class Plain:
+        def next_rendezvous(self) -> str:
+            return "info"
+
+        def num_nodes_waiting(self) -> int:
+            return 2
+
+    proxy = MembershipHandler(Plain(), "min-healthy")
+    with caplog.at_level(logging.WARNING, logger="launcher.membership"):
+        proxy.next_rendezvous()
+        assert proxy.num_nodes_waiting() == 2
+        assert proxy.num_nodes_waiting() == 2
+    assert len([r for r in caplog.records if "cannot read the rendezvous state" in r.getMessage()]) == 1
+
+
+def test_every_other_attribute_is_the_real_handlers():
+    fake, proxy = joined({"a"}, 2, "any-failed")
+    proxy.set_closed()
+    assert fake.closed and proxy.wrapped is fake
+    proxy._cache_note = 1  # a setting made through the proxy reaches torch's handler
+    assert fake._cache_note == 1
