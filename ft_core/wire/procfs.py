@@ -16,6 +16,8 @@ class ProcStat:
     ppid: int
     pgid: int
     sid: int
+    flags: int = 0
+    """The kernel's ``PF_*`` flags (``PF_EXITING``: the process is exiting)."""
 
     @property
     def alive(self) -> bool:
@@ -33,7 +35,8 @@ def read_stat(pid: int) -> ProcStat | None:
     # The fields follow the parenthesised command name, which may itself contain ')'.
     fields = raw[raw.rfind(b")") + 2 :].split()
     try:
-        return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]))
+        # state ppid pgrp session tty_nr tpgid flags
+        return ProcStat(pid, fields[0].decode(), int(fields[1]), int(fields[2]), int(fields[3]), int(fields[6]))
     except (IndexError, ValueError):
         return None
 

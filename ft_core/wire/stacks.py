@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ft_core.wire import procfs
 from ft_core.wire.env import FT_PY_SPY_ENV_VAR
 
 DUMP_SIGNAL = signal.SIGRTMIN + 6
@@ -307,17 +308,10 @@ def has_exited(pid: int) -> bool:
     """Whether ``pid`` is gone, a zombie, or exiting (the kernel's ``PF_EXITING`` in
     ``/proc/<pid>/stat``: its memory may already be unmapped, which py-spy reports as
     "Failed to parse python binary")."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            raw = stream.read()
-    except OSError:
+    facts = procfs.read_stat(pid)
+    if facts is None:
         return True
-    # the fields after the command name (which may hold ')'): state ppid pgrp session tty tpgid flags
-    fields = raw[raw.rfind(b")") + 2:].split()
-    try:
-        return fields[0] in (b"Z", b"X", b"x") or bool(int(fields[6]) & _PF_EXITING)
-    except (IndexError, ValueError):
-        return False
+    return facts.state in ("Z", "X", "x") or bool(facts.flags & _PF_EXITING)
 
 
 def _faulthandler_main_frames(text: str, main_thread: Optional[int]) -> list[str]:

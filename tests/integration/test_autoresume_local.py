@@ -83,10 +83,11 @@ class LocalRun(AutoresumeRun):
         return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else "<no output>"
 
 
-@pytest.fixture
-def local_run(tmp_path: Path) -> Iterator[LocalRun]:
+@contextlib.contextmanager
+def _local_run_in(base: Path) -> Iterator[LocalRun]:
+    """A run under ``base``; afterwards nothing of it may be left, and what is, is killed."""
     private_tmp = Path(tempfile.mkdtemp(prefix="ar-"))   # short path: sockets live here
-    run = LocalRun(tmp_path, private_tmp)
+    run = LocalRun(base, private_tmp)
     try:
         yield run
         assert_no_leftovers(run.token, private_tmp)
@@ -97,6 +98,12 @@ def local_run(tmp_path: Path) -> Iterator[LocalRun]:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def local_run(tmp_path: Path) -> Iterator[LocalRun]:
+    with _local_run_in(tmp_path) as run:
+        yield run
 
 
 def decisions(run: LocalRun) -> list[str]:
@@ -384,18 +391,10 @@ def open_run() -> Iterator[LocalRun]:
     """A run whose files other users may reach (pytest's tmp_path is 0700): base dir 0755 in /tmp."""
     base = Path(tempfile.mkdtemp(prefix="aro-", dir="/tmp"))
     base.chmod(0o755)
-    private_tmp = Path(tempfile.mkdtemp(prefix="ar-"))
-    run = LocalRun(base, private_tmp)
     try:
-        yield run
-        assert_no_leftovers(run.token, private_tmp)
+        with _local_run_in(base) as run:
+            yield run
     finally:
-        for proc in run.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        shutil.rmtree(private_tmp, ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
 
 
