@@ -17,7 +17,10 @@ IGNORES_SIGTERM = ("import signal, sys, time\n"
                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                    "print('ready', flush=True)\n"
                    "time.sleep(120)\n")
-OBEYS = "import sys, time\nprint('ready', flush=True)\ntime.sleep(120)\n"
+# SIGINT's Python handler is installed explicitly: a child started from a background job (nohup, a
+# CI runner) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
+OBEYS = ("import signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+         "print('ready', flush=True)\ntime.sleep(120)\n")
 
 
 def start(code: str, new_session: bool = True) -> tuple[subprocess.Popen, int]:
