@@ -535,9 +535,10 @@ class FaultTolerantAgent(LocalElasticAgent):
             healthy = self._channel.healthy_nodes(worker_group.group_world_size)
         spec = worker_group.spec
         records = self._failure_records(worker_group, result)
-        cycle_failure = next(((r.fingerprint, r.root_step) for r in records if r.fingerprint is not None), None)
-        self.last_fingerprint = cycle_failure[0] if cycle_failure is not None else None
-        verdict = self._crash_loop.on_failure(CycleFailure(self.cycle, *cycle_failure)) if cycle_failure else None
+        first = records[0]  # every record of a cycle carries its root's fingerprint (None: no root)
+        self.last_fingerprint = first.fingerprint
+        verdict = (self._crash_loop.on_failure(CycleFailure(self.cycle, first.fingerprint, first.root_step))
+                   if first.fingerprint is not None else None)
         if verdict is not None and verdict.stop:
             # Every node chose the same root from the same views, so every node stops here too.
             self._write_failures(records, verdict.text)
