@@ -247,8 +247,11 @@ class EventLog:
         self._fd = self._lock_fd = None
 
     def _print(self, text: str) -> None:
+        # One write call: print() writes the newline separately, and with stderr write-through a
+        # worker's line sharing the launcher's stderr can land between the two.
         with contextlib.suppress(OSError, ValueError):
-            print(text, file=self._stream, flush=True)
+            self._stream.write(text + "\n")
+            self._stream.flush()
 
 
 def _open_own(path: str, flags: int, mode: int, what: str) -> int:

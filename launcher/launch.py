@@ -394,8 +394,9 @@ class LauncherRun:
         # for minutes (a silent host), so end everything from here, as a forced stop does.
         if not self._end_owner.acquire(blocking=False):
             return
-        print(f"[ft_launcher] {why}: the rendezvous cannot go on; stopping every process of this "
-              f"node (exit {exit_codes.EXIT_FAILURE})", file=sys.stderr, flush=True)
+        sys.stderr.write(f"[ft_launcher] {why}: the rendezvous cannot go on; stopping every process of this "
+                         f"node (exit {exit_codes.EXIT_FAILURE})\n")
+        sys.stderr.flush()
         assert self._events is not None
         self._events.record_event(StoreLost(reason=why))
         self._finish_and_exit(_Result("rendezvous store lost", exit_codes.EXIT_FAILURE))

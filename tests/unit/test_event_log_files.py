@@ -54,3 +54,26 @@ def test_a_planted_log_or_lock_file_is_a_usage_error(tmp_path: Path, planted: st
     with pytest.raises(UsageError, match=message):
         EventLog(str(path), node="n", stream=io.StringIO())
     assert secret.read_text() == "root only\n"
+
+
+class _WriteCalls(io.StringIO):
+    """A stream that remembers each write call (stderr is write-through: one call, one syscall)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.calls.append(text)
+        return super().write(text)
+
+
+def test_each_stderr_line_is_one_write_so_a_worker_line_cannot_land_inside_it() -> None:
+    # ft_launcher's stderr is the workers' stderr too; print() writes the newline in a second call,
+    # and a worker's log line written in between was glued to the end of the launcher's line.
+    stream = _WriteCalls()
+    log = EventLog(None, node="n", stream=stream)
+    log.outcome_line(0, "rank 0 (pid 1) requested ShutdownWorkload: ConfigError: x", "no restart")
+    log.summary()
+    assert stream.calls, "nothing printed"
+    assert all(call.endswith("\n") and call.count("\n") == 1 for call in stream.calls), stream.calls
