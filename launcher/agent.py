@@ -52,10 +52,10 @@ from ft_core.wire.env import (
     FT_RANK_CONFIG_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
-from launcher import node_check, processes
+from launcher import node_check, processes, store_counter
 from launcher.agent_phase import AgentPhase
 from launcher.clean_end import AT_EXIT_SIGNAL, CleanEnds
-from launcher.control_server import ControlServer
+from launcher.control_server import ControlServer, ReceivedStragglerReport
 from launcher.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint
 from launcher.culprit import LostNode, RankState
 from launcher.events import EventLog
@@ -76,6 +76,7 @@ from launcher.records import (
     Restart,
     SignalForwarded,
     SignalReceived,
+    Straggler,
     WorkersReady,
     WorkersSucceeded,
 )
@@ -267,6 +268,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         if (worker_group.group_world_size or 1) > 1 and worker_group.group_rank is not None:
             # names this node if it later sends no view of a failure (rule 4 of launcher.culprit)
             self._channel.publish_member(worker_group.group_rank, self._events.node)
+        store_counter.mark(self.cycle + 1)  # the store operations until this round (FT_STORE_COUNTS)
 
     def _check_node(self) -> None:
         """The node check before a rendezvous (:mod:`launcher.node_check`).
@@ -603,6 +605,9 @@ class FaultTolerantAgent(LocalElasticAgent):
                 item = self._control.requests.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(item, ReceivedStragglerReport):
+                self._record_stragglers(item)
+                continue
             action = item.request.action
             self._events.record_event(ControlRequest(
                 cycle=self.cycle, action=action.name,
@@ -620,6 +625,19 @@ class FaultTolerantAgent(LocalElasticAgent):
                 self._outcome_cause = (f"rank {item.rank} (pid {item.sender_pid}) requested ExcludeThisNode: "
                                        f"{item.request.description or '(no reason given)'}")
                 self._enter(AgentPhase.EXCLUDED)
+
+    def _record_stragglers(self, report: ReceivedStragglerReport) -> None:
+        for entry in report.entries:
+            self._events.record_event(Straggler(
+                cycle=self.cycle, scope=entry.scope, rank=entry.rank, relative=entry.relative,
+                individual=entry.individual, interval_s=report.interval_s, consecutive=entry.consecutive,
+                action=entry.action, sender_pid=report.sender_pid,
+                reported_node=entry.node if entry.node != self._events.node else None,
+            ))
+            who = f"rank {entry.rank}" if entry.rank is not None else "the node"
+            logger.warning("straggler: %s on node %s is slow (relative score %s, individual score %s; "
+                           "flagged in %d report(s) in a row; action: %s)", who, entry.node,
+                           entry.relative, entry.individual, entry.consecutive, entry.action)
 
     def _check_other_nodes(self, force: bool = False) -> None:
         """Learn about a ShutdownWorkload requested on another node."""

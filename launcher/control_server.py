@@ -1,4 +1,5 @@
-"""The launcher's control socket: receives workload control requests from its own workers.
+"""The launcher's control socket: receives workload control requests and straggler reports
+from its own workers.
 
 A background thread accepts connections on a Unix socket in the launcher's private run
 directory. A request is accepted only from a process of the same uid that is one of the current
@@ -28,6 +29,7 @@ from ft_core.wire.data import WorkloadControlRequest
 from ft_core.wire.errors import ProtocolError
 from ft_core.wire.osutil import drain, wakeup_pair
 from ft_core.wire.procfs import parent_pid
+from ft_core.wire.straggler_report import StragglerEntry, parse_report
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,16 @@ class ReceivedRequest:
     rank: int | None
 
 
+@dataclass(frozen=True)
+class ReceivedStragglerReport:
+    """A straggler report (the flagged ranks and node of one report interval) and who sent it."""
+
+    interval_s: float
+    entries: tuple[StragglerEntry, ...]
+    sender_pid: int
+    rank: int | None
+
+
 class ControlServer:
     """Serves the control socket at ``path`` on a daemon thread until :meth:`close`.
 
@@ -53,7 +65,7 @@ class ControlServer:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.requests: queue.Queue[ReceivedRequest] = queue.Queue()
+        self.requests: queue.Queue[ReceivedRequest | ReceivedStragglerReport] = queue.Queue()
         self._allowed_roots: frozenset[int] = frozenset()
         self._template_pid: int | None = None
         self._lock = threading.Lock()
@@ -117,15 +129,21 @@ class ControlServer:
                 logger.warning("control request refused: pid %s is not one of this launcher's workers", pid)
                 self._reply(conn, {"type": protocol.MSG_ERROR, "error": "not a worker of this launcher"})
                 return
-            if message["type"] != protocol.MSG_WORKLOAD_CONTROL:
+            rank = message.get("rank")
+            rank = rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+            item: ReceivedRequest | ReceivedStragglerReport
+            if message["type"] == protocol.MSG_WORKLOAD_CONTROL:
+                item = ReceivedRequest(WorkloadControlRequest.from_dict(message), pid, rank)
+            elif message["type"] == protocol.MSG_STRAGGLER_REPORT:
+                interval, entries = parse_report(message)
+                item = ReceivedStragglerReport(interval, tuple(entries), pid, rank)
+            else:
                 raise ProtocolError(f"unexpected message type {message['type']!r}")
-            request = WorkloadControlRequest.from_dict(message)
         except (OSError, ProtocolError, TimeoutError, ValueError) as err:
             logger.warning("control request from pid %s rejected: %s", pid, err)
             self._reply(conn, {"type": protocol.MSG_ERROR, "error": str(err)})
             return
-        rank = message.get("rank")
-        self.requests.put(ReceivedRequest(request, pid, rank if isinstance(rank, int) else None))
+        self.requests.put(item)
         with contextlib.suppress(OSError):
             self._notify_w.send(b"r")
         self._reply(conn, {"type": protocol.MSG_OK})

@@ -324,6 +324,25 @@ class ControlRequest(EventRecord):
 
 
 @dataclass(kw_only=True)
+class Straggler(EventRecord):
+    """``straggler``: the straggler detector flagged a rank, or a whole node, of this node as slow
+    in one report interval (the scores are the detector's: lower is slower)."""
+
+    EVENT: ClassVar[str] = "straggler"
+
+    cycle: int | None = _f()
+    scope: str | None = _f(doc="rank or node")
+    rank: int | None = _f(doc="the global rank; null for a node")
+    relative: float | None = _f(doc="the score against the other ranks")
+    individual: float | None = _f(doc="the score against the rank's own best")
+    interval_s: float | None = _f(doc="the report interval the scores cover")
+    consecutive: int | None = _f(doc="reports in a row that flagged it")
+    action: str | None = _f(doc="report, stop or replace")
+    reported_node: str | None = _f(doc="the node the detector named, when not this launcher's", omit_none=True)
+    sender_pid: int | None = _f(omit_none=True)
+
+
+@dataclass(kw_only=True)
 class MonitorDied(EventRecord):
     """``monitor_died``: a rank monitor exited during a cycle (replaced at the next one)."""
 
@@ -472,9 +491,9 @@ class Summary(EventRecord):
 KINDS: dict[str, type[EventRecord]] = {
     cls.EVENT: cls for cls in (
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
-        WorkersReady, WorkersSucceeded, AbortedAtExit, NodeCheck, Failure, ControlRequest, MonitorDied, MonitorReplaced,
-        MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart, MinHealthyRestart,
-        LeftoversKilled, StoreLost, Result, Summary,
+        WorkersReady, WorkersSucceeded, AbortedAtExit, NodeCheck, Failure, ControlRequest, Straggler, MonitorDied,
+        MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart,
+        MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""

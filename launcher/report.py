@@ -431,12 +431,27 @@ def timeline_lines(report: Report) -> list[str]:
                 source = f" from node {record.from_node}" if record.from_node else ""
                 add(_ts(record), f"{where} rank {_or_unknown(record.rank)}{source} requested "
                                  f"{_or_unknown(record.action)}: {record.description or '(no reason given)'}")
+            elif isinstance(record, kinds.Straggler):
+                add(_ts(record), f"{where} {straggler_text(record)}")
             elif isinstance(record, (kinds.MonitorDied, kinds.MonitorReplaced, kinds.LeftoversKilled)):
                 add(_ts(record), f"{where} {record.EVENT.replace('_', ' ')}")
         if run.result is not None:
             add(_ts(run.result), f"{where} ft_launcher ended: {run.result.outcome} "
                                  f"(exit code {run.result.exit_code})", 3)
     return [text for _, _, text in sorted(items, key=lambda item: (item[0], item[1]))]
+
+
+def straggler_text(record: kinds.Straggler) -> str:
+    """One ``straggler`` record in words: who, the scores, for how long, and the action."""
+    who = f"rank {_or_unknown(record.rank)}" if record.scope != "node" else "node"
+    if record.reported_node:
+        who += f" of node {record.reported_node}"
+    scores = ", ".join(f"{name} score {value:.2f}" for name, value in
+                       (("relative", record.relative), ("individual", record.individual)) if value is not None)
+    interval = f" over {record.interval_s:.0f} s" if record.interval_s is not None else ""
+    repeated = f", flagged {record.consecutive} report(s) in a row" if (record.consecutive or 1) > 1 else ""
+    action = _or_unknown(record.action)
+    return f"straggler: {who} is slow ({scores or 'no scores'}{interval}{repeated}; action: {action})"
 
 
 def figure_lines(values: dict[str, Any]) -> list[str]:

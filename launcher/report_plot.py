@@ -2,7 +2,8 @@
 
 One row per node: each cycle as a bar (yellow while its workers start, green while they are all
 up), each failure as a marker (a red cross for a root cause, an orange dot for a worker stopped as
-a consequence), dashed lines where autoresume attempts start.
+a consequence), each straggler report as a purple triangle under the bar, dashed lines where
+autoresume attempts start.
 
 The drawing scales with the log, not with what a picture can show: a long run has more cycles
 and failures than the chart has pixels, and one matplotlib artist per item (a bar, a marker, a
@@ -22,14 +23,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from launcher.records import ROLE_ROOT
+from launcher.records import ROLE_ROOT, Straggler
 from launcher.report import Report, ReportError, _failed_at, _origin, _seconds, failure_kind, role
 
 MAX_LABELS = 60
 """Most text labels of one kind on a chart; with more, none of that kind is written."""
 MARKER_COLUMNS = 150
 """Most failure markers of one kind in a row: about one per marker width."""
-_STARTING, _UP, _ROOT, _COLLATERAL = "#f2c14e", "#4caf50", "#d32f2f", "#ff9800"
+_STARTING, _UP, _ROOT, _COLLATERAL, _STRAGGLER = "#f2c14e", "#4caf50", "#d32f2f", "#ff9800", "#7b1fa2"
 
 
 def aggregate_spans(spans: Iterable[tuple[float, float]], resolution: float) -> list[tuple[float, float]]:
@@ -133,6 +134,11 @@ def draw(report: Report, values: dict[str, Any], path: str | Path) -> None:
         for y, failure in roots:
             ax.text(_failed_at(failure) - origin, y - 0.3, failure_kind(failure), fontsize=8, ha="center", va="top",
                     color="#b71c1c", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
+    stragglers = [(rows[run.node], record) for run in report.runs for record in run.events
+                  if isinstance(record, Straggler)]
+    xs, ys = thin_points(((record.ts - origin, y - 0.38) for y, record in stragglers if record.ts is not None),
+                         spacing)
+    ax.scatter(xs, ys, marker="^", s=49, c=_STRAGGLER, edgecolors="black", zorder=4)
     ended = [run for run in report.runs if run.result is not None]
     if len(ended) <= MAX_LABELS:
         for run in ended:
@@ -149,8 +155,10 @@ def draw(report: Report, values: dict[str, Any], path: str | Path) -> None:
                        Line2D([], [], marker="X", color=_ROOT, markeredgecolor="black", linestyle="none",
                               markersize=10, label="failure (root cause)"),
                        Line2D([], [], marker="o", color=_COLLATERAL, markeredgecolor="black", linestyle="none",
-                              label="stopped as a consequence")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4, fontsize=9, frameon=False)
+                              label="stopped as a consequence"),
+                       Line2D([], [], marker="^", color=_STRAGGLER, markeredgecolor="black", linestyle="none",
+                              label="straggler flagged")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=9, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

@@ -70,6 +70,7 @@ MSG_RANK_ESCALATED = "rank_escalated"
 MSG_RANK_FINISHED = "rank_finished"
 # Rank -> launcher control socket:
 MSG_WORKLOAD_CONTROL = "workload_control"
+MSG_STRAGGLER_REPORT = "straggler_report"
 # Trampoline -> warm template, and its replies:
 MSG_SPAWN = "spawn"
 MSG_SPAWNED = "spawned"

@@ -20,6 +20,7 @@ from ft_core.wire import protocol
 from ft_core.wire.config import ConfigError, FaultToleranceConfig, parse_cli_value
 from ft_core.wire.data import HeartbeatTimeouts, SectionTimeouts, WorkloadAction, WorkloadControlRequest
 from ft_core.wire.errors import ProtocolError, RankMonitorClientError
+from ft_core.wire.straggler_report import SCOPES, parse_report
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -222,3 +223,30 @@ def test_workload_control_request_parses_or_raises_value_error(data):
     except ValueError:
         return
     assert isinstance(request.action, WorkloadAction) and len(request.description) <= 2000
+
+
+# ---------------------------------------------------------------------- straggler reports
+
+
+_ENTRY_FIELDS = ["scope", "rank", "node", "relative", "individual", "consecutive", "action"]
+_entry_values = json_values | st.sampled_from(["rank", "node", "report", "stop", "replace", "node1", 0, 3, 0.7])
+
+
+_entry_lists = st.lists(fields_of(_ENTRY_FIELDS, _entry_values), min_size=1, max_size=3)
+
+
+@FUZZ
+@given(json_values | fields_of(["interval_s", "entries"],
+                               json_values | _entry_lists | st.sampled_from([30.0, 0, -1.0])))
+def test_straggler_report_parses_or_raises_value_error(data):
+    if not isinstance(data, dict):
+        data = {"interval_s": 1.0, "entries": [data]}
+    try:
+        interval, entries = parse_report(data)
+    except ValueError:
+        return
+    assert math.isfinite(interval) and interval > 0 and entries
+    for entry in entries:
+        assert entry.scope in SCOPES and (entry.rank is None) == (entry.scope == "node")
+        assert all(s is None or (math.isfinite(s) and s >= 0) for s in (entry.relative, entry.individual))
+        assert json.loads(json.dumps(entry.to_dict(), allow_nan=False)) == entry.to_dict()
