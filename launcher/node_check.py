@@ -86,8 +86,16 @@ class NodeCheckSettings:
 
 
 def default_dirs() -> list[str]:
-    """The temp dir, and ``/dev/shm`` where it exists (workers' shared memory lives there)."""
-    dirs = [tempfile.gettempdir()]
+    """The temp dir, and ``/dev/shm`` where it exists (workers' shared memory lives there).
+
+    The temp dir is ``$TMPDIR`` whenever that names a directory, writable or not: Python's
+    ``tempfile.gettempdir()`` skips a ``$TMPDIR`` it cannot write to and quietly returns ``/tmp``,
+    which would pass a node whose temp file system went read-only while the workers (and every
+    non-Python tool in them) are still told to use it. Without such a ``$TMPDIR``, the one
+    ``tempfile`` chooses.
+    """
+    tmpdir = os.environ.get("TMPDIR", "")
+    dirs = [tmpdir if os.path.isabs(tmpdir) and os.path.isdir(tmpdir) else tempfile.gettempdir()]
     if os.path.isdir(SHM_DIR):
         dirs.append(SHM_DIR)
     return dirs

@@ -30,7 +30,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from launcher.exit_codes import EXIT_FAILURE, EXIT_SIGNAL_BASE, EXIT_USAGE
+from launcher.exit_codes import EXIT_FAILURE, EXIT_REPEATED_FAILURE, EXIT_SIGNAL_BASE, EXIT_USAGE
 from launcher.resume import history, own_files, policy, repeats
 from launcher.resume.history import State
 
@@ -295,7 +295,11 @@ def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str
                            stalled=state.stalled, progressed=progressed)
     failed = policy.decide(probe, settings.limits).failed
     past = history.read_node_history(settings.run_dir)
-    events = attempt_events(attempt, failed, progressed and bool(settings.progress_path), out.nodes)
+    # A launcher that stopped a crash loop (66) ended a failed attempt, though the verdict stops
+    # the loop instead of counting it: its rows name the failure and its root nodes (a later
+    # submission counts them against the node), not a clean attempt (which lets excluded nodes back).
+    events = attempt_events(attempt, failed or rc == EXIT_REPEATED_FAILURE,
+                            progressed and bool(settings.progress_path), out.nodes)
     repeat = repeats.repeat_of([*past, *events], out.nodes.fingerprint) if failed else None
     repeated = repeats.describe(repeat) if repeats.is_bug(repeat, settings.rules) else ""
     verdict = policy.decide(replace(probe, repeated=repeated), settings.limits)

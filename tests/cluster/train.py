@@ -15,7 +15,9 @@ per event in ``<run-dir>/timeline/<node>.jsonl`` (all "nodes" share this machine
 Faults it can play (the node faults are injected from outside, by the tests):
 ``--hang-node NODE --hang-step S``: the rank of NODE stops making progress at step S, in the
 first cycle of the first attempt only. ``--fail-on-attempt A``: rank 0 exits 1 at step 10 in
-autoresume attempt A.
+autoresume attempt A. ``--crash-marker PATH``: a rank whose node finds the file PATH (``{node}``
+replaced by its name: a marker in that node's view only) raises at ``--crash-step`` in every cycle
+and attempt, a bad node.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from ft_core import RankMonitorClient
@@ -50,6 +53,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hang-node", help="the node whose rank hangs (first cycle, first attempt)")
     p.add_argument("--hang-step", type=int, default=20)
     p.add_argument("--fail-on-attempt", help="rank 0 exits 1 at step 10 in this autoresume attempt")
+    p.add_argument("--crash-marker", help="a rank whose node has this file ({node}: the node's name) raises at "
+                                          "--crash-step in every cycle and attempt")
+    p.add_argument("--crash-step", type=int, default=15)
     p.add_argument("--payload", type=int, default=1024,
                    help="floats all-reduced per step on top of the gradients (link load)")
     return p.parse_args()
@@ -76,6 +82,7 @@ def latest_checkpoint(ckpt_dir: Path) -> tuple[int, dict | None]:
     return int(state["step"]), state
 
 
+@record  # the traceback goes to the error file, where the launcher takes the failure's fingerprint from
 def main() -> int:
     args = parse_args()
     rank = int(os.environ["RANK"])
@@ -113,6 +120,7 @@ def main() -> int:
         timeline.write("saved", step=step)
 
     hang = args.hang_node == NODE and cycle == 0 and attempt == "1"
+    bad_node = bool(args.crash_marker) and os.path.exists(args.crash_marker.replace("{node}", NODE))
     step = start
     while step < args.steps:
         client.set_step(step)
@@ -124,6 +132,9 @@ def main() -> int:
         if args.fail_on_attempt == attempt and rank == 0 and step == 10:
             timeline.write("fail", step=step)
             return 1
+        if bad_node and step == args.crash_step:
+            timeline.write("crash", step=step)
+            raise RuntimeError(f"checksum mismatch in step {step}")
         if hang and step == args.hang_step:  # the others wait for it in the all_reduce below
             timeline.write("hang", step=step)
             time.sleep(3600)
