@@ -39,7 +39,7 @@ from ft_core.wire import protocol
 from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_LAUNCHER_RUN_ENV_VAR
 from ft_core.wire.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
-from launcher import exit_codes, membership, processes, rendezvous_poll
+from launcher import exit_codes, membership, processes, rendezvous_poll, store_counter
 from launcher.agent import FaultTolerantAgent
 from launcher.agent_phase import AgentPhase
 from launcher.attempt_result import write_result
@@ -237,6 +237,8 @@ class LauncherRun:
             rdzv_poll_interval=poll_interval,
         ))
         rdzv_handler = create_rendezvous_handler(config)
+        if store_counter.install(rdzv_handler):  # FT_STORE_COUNTS: a debug counter for bench/scale.py
+            self._releases.callback(store_counter.flush)
         if poll_interval is not None and rendezvous_poll.install(poll_interval):
             rendezvous_poll.apply_to_handler(rdzv_handler, poll_interval)
             logger.info("rendezvous: waiting nodes read the store every %.2f s (--rdzv-conf %s=S)",

@@ -39,6 +39,8 @@ SHUTDOWN_KEY = STORE_PREFIX + "shutdown"
 SHUTDOWN_ACK_KEY = STORE_PREFIX + "shutdown_ack"
 UNHEALTHY_PREFIX = STORE_PREFIX + "unhealthy/"
 VIEW_PREFIX = STORE_PREFIX + "failure_view/"
+VIEW_COUNT_KEY = VIEW_PREFIX + "count"
+"""Counts the views published in this round: a node polls this one key, not every node's."""
 MEMBER_PREFIX = STORE_PREFIX + "member/"
 MAX_HOST_CHARS = 255
 """Longest host name written or read back (a DNS name is at most 253 characters)."""
@@ -214,8 +216,15 @@ class StoreChannel:
 
     def publish_view(self, group_rank: int, states: Sequence[dict[str, Any]]) -> bool:
         """Publish this node's ranks of a failed cycle (JSON-safe dicts); False if it could not."""
-        return self._set(VIEW_PREFIX + str(group_rank), json.dumps(list(states), default=str),
-                         "this node's view of the failure")
+        if not self._set(VIEW_PREFIX + str(group_rank), json.dumps(list(states), default=str),
+                         "this node's view of the failure"):
+            return False
+        try:
+            self._store.add(VIEW_COUNT_KEY, 1)  # after the view: a count never runs ahead of the views
+        except STORE_ERRORS as err:
+            logger.warning("could not count this node's view of the failure in the rendezvous store: %s", err)
+            return False
+        return True
 
     def gather_views(self, group_world_size: int, group_rank: int, timeout: float = VIEW_WAIT) -> GatheredViews:
         """The other nodes' published views, waiting up to ``timeout`` s for the missing ones, and
@@ -227,24 +236,34 @@ class StoreChannel:
         """
         if self._store is None or group_world_size <= 1:
             return GatheredViews([], {}, timeout)
-        missing = {r for r in range(group_world_size) if r != group_rank}
-        found: list[dict[str, Any]] = []
+        others = [r for r in range(group_world_size) if r != group_rank]
+        # While waiting, one read per poll of one counter: polling every node's key cost each node
+        # O(N) reads per poll, O(N^2) for the job (bench/scale.py measured it).
         deadline = time.monotonic() + timeout
-        while missing:
-            for node in sorted(missing):
-                key = VIEW_PREFIX + str(node)
-                try:
-                    if not self._store.check([key]):
-                        continue
-                    raw = self._store.get(key)
-                except STORE_ERRORS as err:
-                    logger.debug("cannot read node %s's view of the failure: %s", node, err)
-                    return GatheredViews(found, {}, timeout)
-                missing.discard(node)
-                found.extend(_parse_view(raw))
-            if not missing or time.monotonic() >= deadline:
-                break
-            time.sleep(VIEW_POLL_INTERVAL)
+        try:
+            while self._store.add(VIEW_COUNT_KEY, 0) < group_world_size and time.monotonic() < deadline:
+                time.sleep(VIEW_POLL_INTERVAL)
+            keys = [VIEW_PREFIX + str(node) for node in others]
+            if self._store.check(keys):  # the usual case: every node published; one read for all
+                return GatheredViews([s for raw in self._store.multi_get(keys) for s in _parse_view(raw)], {},
+                                     timeout)
+        except STORE_ERRORS as err:
+            logger.debug("cannot read the other nodes' views of the failure: %s", err)
+            return GatheredViews([], {}, timeout)
+        # Some node published nothing (it saw no failure, or is gone): read the views one by one.
+        missing: set[int] = set()
+        found: list[dict[str, Any]] = []
+        for node in others:
+            key = VIEW_PREFIX + str(node)
+            try:
+                if not self._store.check([key]):
+                    missing.add(node)
+                    continue
+                raw = self._store.get(key)
+            except STORE_ERRORS as err:
+                logger.debug("cannot read node %s's view of the failure: %s", node, err)
+                return GatheredViews(found, {}, timeout)
+            found.extend(_parse_view(raw))
         return GatheredViews(found, {node: self.member_host(node) for node in sorted(missing)}, timeout)
 
 

@@ -21,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from launcher import store_counter
+
 logger = logging.getLogger(__name__)
 
 STORE_LOST_KEY = "store_lost_timeout"
@@ -44,6 +46,7 @@ class StoreWatchdog:
 
     def _probe(self) -> str | None:
         """None when the endpoint accepted a connection, else why not."""
+        store_counter.count_connection()
         try:
             with socket.create_connection((self.host, self.port), timeout=self._connect_timeout):
                 return None

@@ -156,3 +156,21 @@ def test_when_the_store_fails_nobody_is_called_missing():
         time.sleep(0.05)
     views = channel.gather_views(2, 0, timeout=0.1)
     assert views.missing == {} and views.states == []
+
+
+@pytest.mark.parametrize("nodes", [4, 32])
+def test_gathering_every_view_costs_a_node_a_few_reads_whatever_the_number_of_nodes(tcp_store, nodes):
+    # Polling each node's key cost every node O(N) reads per poll, O(N^2) for the job (issue 25).
+    from launcher.store_counter import StoreCounts, counting_store, totals
+
+    server, client = tcp_store
+    for node in range(1, nodes):
+        assert StoreChannel(dist.PrefixStore("rdzv/", server)).publish_view(node, [{"rank": node, "outcome": "x"}])
+    counts = StoreCounts()
+    counted = counting_store(client, counts)  # held here: torch calls its Python methods through this object
+    gatherer = StoreChannel(dist.PrefixStore("rdzv/", counted))
+    assert gatherer.publish_view(0, [{"rank": 0, "outcome": "hang"}])
+    views = gatherer.gather_views(nodes, 0, timeout=5)
+    assert sorted(s["rank"] for s in views.states) == list(range(1, nodes)) and views.missing == {}
+    operations = sum(row[0] for row in totals(counts.snapshot()).values())
+    assert operations <= 5, counts.snapshot()  # set + add to publish; the count, a check, one multi_get
