@@ -40,8 +40,9 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousGracefulExitError
 
 from ft_core.wire import messages
 from ft_core.wire.config import FaultToleranceConfig, Role
@@ -57,7 +58,7 @@ from launcher.agent_phase import AgentPhase
 from launcher.clean_end import AT_EXIT_SIGNAL, CleanEnds
 from launcher.control_server import ControlServer, ReceivedStragglerReport
 from launcher.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint
-from launcher.culprit import LostNode, RankState
+from launcher.culprit import ROOT, LostNode, RankState
 from launcher.events import EventLog
 from launcher.failures import KIND_TERMINATED, Exchanged, FailureRecord, failure_records, group_unhealthy_record
 from launcher.incident import CycleWatch, about_an_earlier_worker
@@ -211,6 +212,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._outcome_cause = ""  # who asked for SHUTDOWN or EXCLUDED and why, for the stop line
         self.stopped_cleanly = True
         """After the last stop: every worker exited 0 within the timeout (True if none ran)."""
+        self._ended_as_spare = False  # the rendezvous closed while this node waited for a place
 
     # ------------------------------------------------------------------ public surface
 
@@ -259,10 +261,29 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     # ------------------------------------------------------------------ starting
 
+    def run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        """torch's ``run``; ends SUCCEEDED (exit 0) when the job ended while this node waited as a
+        spare (see :meth:`_rendezvous`), where torch's returns nothing (the launcher's exit 1)."""
+        result = super().run(role)
+        if result is None and self._ended_as_spare:
+            return RunResult(state=WorkerState.SUCCEEDED)
+        return result
+
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         self._check_node()
         started = time.monotonic()
-        super()._rendezvous(worker_group)
+        try:
+            super()._rendezvous(worker_group)
+        except (RendezvousClosedError, RendezvousGracefulExitError):
+            # The job ended (its rendezvous closed) while this node waited for a place: a spare, or
+            # a healthy node that lost the race for a slot in a restart. Nothing of it failed, as in
+            # the reference (its spares exit 0). A node here after its own failure still fails.
+            if self._phase in (AgentPhase.FAILED, AgentPhase.WAITING):
+                raise
+            self._ended_as_spare = True
+            logger.info("the job ended while this node waited as a spare (the rendezvous is closed); "
+                        "no worker of this node was needed: exit 0")
+            raise RendezvousGracefulExitError("the rendezvous closed while this node waited as a spare") from None
         self._rendezvous_s = time.monotonic() - started
         self._channel.attach(self._store)  # this round's store (torch sets it in _rendezvous)
         if (worker_group.group_world_size or 1) > 1 and worker_group.group_rank is not None:
@@ -539,22 +560,45 @@ class FaultTolerantAgent(LocalElasticAgent):
         records = self._failure_records(worker_group, result)
         first = records[0]  # every record of a cycle carries its root's fingerprint (None: no root)
         self.last_fingerprint = first.fingerprint
-        verdict = (self._crash_loop.on_failure(CycleFailure(self.cycle, first.fingerprint, first.root_step))
-                   if first.fingerprint is not None else None)
+        # One node fewer must still make a round (--nnodes MIN) for a node to leave instead of a stop.
+        can_lose_a_node = (worker_group.group_world_size or 1) - 1 >= self._policy.min_nodes
+        verdict = (self._crash_loop.on_failure(
+            CycleFailure(self.cycle, first.fingerprint, first.root_step, self._root_node(first, worker_group)),
+            can_lose_a_node) if first.fingerprint is not None else None)
         if verdict is not None and verdict.stop:
             # Every node chose the same root from the same views, so every node stops here too.
             self._write_failures(records, verdict.text)
             self._enter(AgentPhase.REPEATED)
             self._remaining_restarts = 0  # torch's loop then stops the workers instead of restarting
             return RunResult(state=WorkerState.FAILED, failures=result.failures)
+        if verdict is not None and verdict.exclude is not None and first.role == ROOT:
+            # Every node reached this verdict alike; this node is the one it names: it leaves as
+            # for ExcludeThisNode (exit 65, the rendezvous left open for the others and a spare).
+            self._outcome_cause = verdict.text
+            self._write_failures(records, f"{verdict.text}: this node leaves the job (exit 65, as for ExcludeThisNode)")
+            self._enter(AgentPhase.EXCLUDED)
+            self._remaining_restarts = 0  # torch's loop then stops the workers instead of restarting
+            return RunResult(state=WorkerState.FAILED, failures=result.failures)
         decision = self._policy.on_failure(remaining_restarts=self._remaining_restarts,
                                            max_restarts=spec.max_restarts, healthy_nodes=healthy)
-        self._write_failures(records, decision.text)
+        excluded = verdict is not None and verdict.exclude is not None
+        self._write_failures(records, f"{verdict.text}; {decision.text}" if excluded else decision.text)
         if decision.action == WAIT:
             self._enter(AgentPhase.WAITING)
             return RunResult(state=WorkerState.HEALTHY)
         self._enter(AgentPhase.FAILED)
         return result
+
+    def _root_node(self, first: FailureRecord, worker_group: WorkerGroup) -> str | None:
+        """The root's node as every node names it: its host and its rank in this round (the host
+        alone does not tell apart several launchers on one host); None if not known."""
+        if first.role == ROOT:
+            host, group_rank = self._events.node, worker_group.group_rank
+        else:
+            host, group_rank = first.detail.get("root_node"), first.detail.get("root_group_rank")
+        if not host:
+            return None
+        return f"{host} (group rank {group_rank})" if group_rank is not None else str(host)
 
     def _wait_while_unhealthy(self, worker_group: WorkerGroup) -> RunResult:
         healthy = self._channel.healthy_nodes(worker_group.group_world_size)

@@ -8,6 +8,12 @@ replaced, and the innermost frame of the user's code. :class:`CrashLoopGuard` wa
 fingerprint and the step of each failed cycle's root and says stop when the same fingerprint ends
 ``max_cycles`` consecutive cycles without the step moving on by ``min_progress_steps``.
 
+A bad node and a bug look the same to that rule; where they differ is where the root was. When
+every failure of the run had its root on one node and the job can go on without that node (the
+rendezvous allows one node fewer), the guard names that node to leave the job instead of a stop,
+and remembers it for the fingerprint: the same failure again, now on another node, is a bug and
+stops the restarts.
+
 Every node computes the same fingerprint: it is made from the root's
 :class:`~launcher.culprit.RankState`, which every node chooses from the same exchanged views.
 Pure (no clock, no I/O).
@@ -104,11 +110,14 @@ class CycleFailure:
         cycle: The cycle's index.
         fingerprint: Its root's fingerprint.
         step: The root rank's last step (``set_step`` or the callbacks' step), None if unknown.
+        node: The root's node (a name every node gives it alike, e.g. ``node2 (group rank 1)``),
+            None if unknown (such a run never makes a node leave).
     """
 
     cycle: int
     fingerprint: Fingerprint
     step: int | None
+    node: str | None = None
 
 
 @dataclass(frozen=True)
@@ -119,12 +128,15 @@ class Verdict:
         stop: True when the restarts must stop: the failure repeats without progress.
         repeats: The consecutive failed cycles, oldest first, that share the fingerprint with no
             progress between them (just the last one when it does not repeat).
-        text: The sentence the launcher logs and records when it stops.
+        text: The sentence the launcher logs and records when it stops or makes a node leave.
+        exclude: Instead of a stop: the node (as in :attr:`CycleFailure.node`) that leaves the
+            job, every failure of the run having had its root there; the others restart without it.
     """
 
     stop: bool
     repeats: tuple[CycleFailure, ...]
     text: str = ""
+    exclude: str | None = None
 
 
 class CrashLoopGuard:
@@ -150,14 +162,26 @@ class CrashLoopGuard:
         self.max_cycles = max_cycles
         self.min_progress_steps = min_progress_steps
         self._run: list[CycleFailure] = []
+        self._left: dict[Fingerprint, CycleFailure] = {}  # fingerprint -> the failure that made its node leave
 
     @property
     def repeats(self) -> Sequence[CycleFailure]:
         """The current run of repeated failures, oldest first."""
         return tuple(self._run)
 
-    def on_failure(self, failure: CycleFailure) -> Verdict:
-        """Note a failed cycle and say whether to stop restarting."""
+    def on_failure(self, failure: CycleFailure, can_lose_a_node: bool = False) -> Verdict:
+        """Note a failed cycle and say whether to stop restarting, or which node must leave.
+
+        Args:
+            failure: The failed cycle.
+            can_lose_a_node: The job can go on with one node fewer (the rendezvous allows it).
+
+        Returns:
+            A stop when the failure repeats without progress, unless every failure of the run had
+            its root on one node, this fingerprint made no node leave before and
+            ``can_lose_a_node``: then :attr:`Verdict.exclude` names that node (no stop). The run
+            goes on after that: the next repeat without progress stops (another node, a bug).
+        """
         last = self._run[-1] if self._run else None
         if last is not None and self._repeats(last, failure):
             self._run.append(failure)
@@ -166,6 +190,13 @@ class CrashLoopGuard:
         run = tuple(self._run)
         if self.max_cycles == 0 or len(run) < self.max_cycles:
             return Verdict(False, run)
+        left = self._left.get(failure.fingerprint)
+        if left is not None:
+            return Verdict(True, run, self._text(run, left))
+        nodes = {f.node for f in run}
+        if can_lose_a_node and len(nodes) == 1 and failure.node is not None:
+            self._left[failure.fingerprint] = failure
+            return Verdict(False, run, self._exclusion_text(run), exclude=failure.node)
         return Verdict(True, run, self._text(run))
 
     def on_progress(self) -> None:
@@ -177,10 +208,25 @@ class CrashLoopGuard:
             return False
         return new.step < last.step + self.min_progress_steps
 
-    def _text(self, run: tuple[CycleFailure, ...]) -> str:
+    @staticmethod
+    def _repeated(run: tuple[CycleFailure, ...]) -> str:
         cycles = ", ".join(str(f.cycle) for f in run)
         steps = sorted({f.step for f in run if f.step is not None})
         at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
         return (f"the same failure ({run[-1].fingerprint.describe()}) ended cycles {cycles} at {at} "
-                f"without progress (fingerprint {run[-1].fingerprint.digest}): a restart will not fix it; "
+                f"without progress (fingerprint {run[-1].fingerprint.digest})")
+
+    def _text(self, run: tuple[CycleFailure, ...], left: CycleFailure | None = None) -> str:
+        why = ""
+        if left is not None:
+            where = f"node {run[-1].node}" if run[-1].node else "a node not known"
+            why = (f"; node {left.node} left the job for it after cycle {left.cycle} and it failed again on "
+                   f"{where}: a bug, not a node")
+        return (f"{self._repeated(run)}{why}: a restart will not fix it; "
                 f"not restarting (--ft-max-no-progress-cycles {self.max_cycles})")
+
+    def _exclusion_text(self, run: tuple[CycleFailure, ...]) -> str:
+        node = run[-1].node
+        return (f"{self._repeated(run)}, each time with its root on node {node}: a fault of that node, not of "
+                f"the code; node {node} leaves the job and the others restart without it "
+                f"(--ft-max-no-progress-cycles {self.max_cycles})")

@@ -54,7 +54,8 @@ class ExitCode:
 EXIT_CODES: tuple[ExitCode, ...] = (
     ExitCode("EXIT_SUCCESS", EXIT_SUCCESS, "0",
              "workers succeeded; or the launcher was stopped by SIGTERM/SIGINT/SIGHUP/SIGQUIT (a "
-             "preemption) and every worker exited 0 within --term-timeout",
+             "preemption) and every worker exited 0 within --term-timeout; or the job ended while "
+             "this node waited as a spare",
              "check the finished flag file (and whether this loop saw a stop signal)", ""),
     ExitCode("EXIT_FAILURE", EXIT_FAILURE, "1",
              "workers failed and no restarts were left, or the rendezvous failed (unreachable store, "
@@ -68,7 +69,9 @@ EXIT_CODES: tuple[ExitCode, ...] = (
              "a rank requested ShutdownWorkload: do not continue (every node exits 64)",
              "stop: do not continue", "ShutdownWorkload"),
     ExitCode("EXIT_NODE_EXCLUDED", EXIT_NODE_EXCLUDED, "65",
-             "a rank requested ExcludeThisNode for this node",
+             "this node left the job: a rank requested ExcludeThisNode, the node check failed, or "
+             "this node's ranks were the root of the same failure in consecutive cycles while the job "
+             "could go on without it",
              "continue without this node", "ExcludeThisNode"),
     ExitCode("EXIT_REPEATED_FAILURE", EXIT_REPEATED_FAILURE, "66",
              "the same failure ended --ft-max-no-progress-cycles cycles in a row without progress: a "

@@ -3,24 +3,29 @@
 torch's agent, while its workers are healthy, asks the rendezvous handler how many nodes wait
 (``num_nodes_waiting``) and restarts the workload whenever that number is above 0. torch's dynamic
 (c10d) rendezvous answers with the size of its wait list. A node lands on that list when it joins
-while the round is complete and has room (fewer participants than ``--nnodes`` MAX); when the next
-round fills up, the nodes that did not get a place stay on the wait list instead of moving to the
-spare (redundancy) list. From then on every node of the job sees "nodes waiting" after every round
-and restarts again, forever (two spares that joined while a node restarted are enough).
+while the round is complete and has room (fewer participants than ``--nnodes`` MAX), or when a
+participant left (its keep-alive expired) and a spare moves up from the spare (redundancy) list;
+when the next round fills up, the nodes that did not get a place stay on the wait list instead of
+moving back to the spare list. From then on every node of the job sees "nodes waiting" after every
+round and restarts again, forever (two spares that joined while a node restarted are enough).
 
 :class:`MembershipHandler` wraps torch's handler (every attribute is the real handler's) and decides
 from the rendezvous state which waiting nodes count:
 
 - a waiting node that was a member of this node's round always counts: it is a member restarting
   (a failure on another node), and torch's way of restarting every node needs it;
-- a new node counts only under ``any-failed`` and only while this node's round had a free slot
-  (fewer participants than MAX): it can join, so the workload restarts to take it in;
-- under ``min-healthy`` a new node never counts: it is a spare and does not interrupt training.
+- under ``any-failed`` a new node counts while the round has a free slot now: fewer participants
+  than MAX (the round was not full, or a member left: excluded, killed, lost), so the workload
+  restarts to take it in;
+- under ``min-healthy`` a new node counts only once the participants still in the round (the
+  nodes whose launcher is alive) are fewer than ``--nnodes`` MIN: until then it is a spare and does
+  not interrupt training; below the minimum the workload restarts with the spares.
 
-A waiting node that cannot fit is a spare under either policy. Where the state cannot be read (a
-handler without torch's dynamic-rendezvous state, a torch that changed it), the handler answers with
-torch's own count and logs one warning. ``tests/torch_source_checks.py`` checks the private
-attributes read here on every supported torch.
+A waiting node that does not count is a spare; each time the set of spares changes, one INFO line
+says so (``N node(s) wait as spares``). Where the state cannot be read (a handler without torch's
+dynamic-rendezvous state, a torch that changed it), the handler answers with torch's own count and
+logs one warning. ``tests/torch_source_checks.py`` checks the private attributes read here on every
+supported torch.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import logging
 import threading
 from typing import Any
 
+from launcher import store_counter
 from launcher.restart_policy import MIN_HEALTHY
 
 logger = logging.getLogger(__name__)
@@ -45,8 +51,9 @@ class MembershipHandler:
     def __init__(self, handler: Any, restart_policy: str) -> None:
         # set through __dict__ so that __getattr__ never sees these names missing
         self.__dict__["_handler"] = handler
-        self.__dict__["_new_nodes_may_join"] = restart_policy != MIN_HEALTHY
+        self.__dict__["_min_healthy"] = restart_policy == MIN_HEALTHY
         self.__dict__["_round_members"] = None  # frozenset of this node's round, once joined
+        self.__dict__["_spares"] = frozenset()  # the waiting nodes that did not count last time
         self.__dict__["_warned"] = False
 
     def __getattr__(self, name: str) -> Any:
@@ -63,9 +70,11 @@ class MembershipHandler:
 
     def next_rendezvous(self) -> Any:
         """torch's ``next_rendezvous``; remembers the members of the round this node joined."""
-        info = self._handler.next_rendezvous()
+        with store_counter.phase(store_counter.RENDEZVOUS):  # FT_STORE_COUNTS: what the rendezvous costs
+            info = self._handler.next_rendezvous()
         members = self._read(lambda state: frozenset(state.participants))
         self.__dict__["_round_members"] = members
+        self.__dict__["_spares"] = frozenset()
         return info
 
     def num_nodes_waiting(self) -> int:
@@ -73,26 +82,38 @@ class MembershipHandler:
 
         Returns:
             torch's count where it is 0 or the rendezvous state cannot be read; otherwise the
-            waiting nodes that were members of this node's round, plus (``any-failed`` only, and
-            only while the round had fewer participants than ``--nnodes`` MAX) the new ones.
+            waiting nodes that were members of this node's round, plus the new ones when they
+            may join now: under ``any-failed`` while the round has fewer participants than
+            ``--nnodes`` MAX, under ``min-healthy`` once it has fewer than MIN.
         """
-        torch_count = int(self._handler.num_nodes_waiting())  # syncs the state, records torch's errors
+        with store_counter.phase(store_counter.POLL):  # FT_STORE_COUNTS: what the agent's polls cost
+            torch_count = int(self._handler.num_nodes_waiting())  # syncs the state, records torch's errors
         if torch_count == 0:
+            self.__dict__["_spares"] = frozenset()
             return 0
         members = self._round_members
-        waiting = self._read(lambda state: frozenset(state.wait_list))
-        max_nodes = self._read_max_nodes()
-        if members is None or waiting is None or max_nodes is None:
+        seen = self._read(lambda state: (frozenset(state.wait_list), len(state.participants)))
+        bounds = self._read_bounds()
+        if members is None or seen is None or bounds is None:
             return torch_count
+        waiting, participants = seen
+        min_nodes, max_nodes = bounds
         restarting = waiting & members
         new = waiting - members
-        counted = len(restarting)
-        if new and self._new_nodes_may_join and len(members) < max_nodes:
-            counted += len(new)
-        if counted != torch_count:
-            logger.debug("rendezvous: %s node(s) wait, %s count (%s restarting member(s); new nodes %s)",
-                         torch_count, counted, len(restarting),
-                         "join" if counted > len(restarting) else "stay spares")
+        # participants: the nodes of the round whose launcher is alive (torch drops a node from
+        # the state once its keep-alive expired; an excluded or stopped node leaves that way)
+        limit, limit_name = (min_nodes, "MIN") if self._min_healthy else (max_nodes, "MAX")
+        spares = frozenset() if participants < limit else new
+        if spares and spares != self._spares:
+            logger.info("rendezvous: %s node(s) wait as spares (%s: %s node(s) in the round, --nnodes %s %s); "
+                        "the workload goes on", len(spares), "min-healthy" if self._min_healthy else "no free slot",
+                        participants, limit_name, limit)
+        self.__dict__["_spares"] = spares
+        counted = len(restarting) + len(new - spares)
+        if counted:
+            logger.debug("rendezvous: %s node(s) wait, %s count (%s restarting member(s), %s new; %s node(s) in "
+                         "the round, --nnodes %s %s)", torch_count, counted, len(restarting), len(new - spares),
+                         participants, limit_name, limit)
         return counted
 
     def _read(self, read: Any) -> Any:
@@ -108,9 +129,11 @@ class MembershipHandler:
             self._warn_once(f"{type(err).__name__}: {err}")
             return None
 
-    def _read_max_nodes(self) -> int | None:
+    def _read_bounds(self) -> tuple[int, int] | None:
+        """``--nnodes`` MIN and MAX as torch's rendezvous settings hold them; None if unreadable."""
         try:
-            return int(self._handler._settings.max_nodes)
+            settings = self._handler._settings
+            return int(settings.min_nodes), int(settings.max_nodes)
         except (AttributeError, TypeError, ValueError) as err:
             self._warn_once(f"{type(err).__name__}: {err}")
             return None

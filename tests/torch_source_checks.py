@@ -28,8 +28,10 @@ HOOKS = {
     "_restart_workers": ["self", "worker_group"],
     "_rendezvous": ["self", "worker_group"],
     "_setup_local_watchdog": ["self", "envs"],
+    "run": ["self", "role"],
 }
-"""The private hooks FaultTolerantAgent overrides, with torch's parameter names."""
+"""The private hooks FaultTolerantAgent overrides, with torch's parameter names (and ``run``,
+whose ``None`` after a graceful rendezvous exit the agent turns into a success for a spare)."""
 
 TORCH_PRIVATE_ATTRIBUTES = {
     "_remaining_restarts": "read for the restart count in records and decisions; set to 0 so that "
@@ -371,6 +373,10 @@ def check_invoke_run(src: TorchSource) -> Iterator[str]:
     module, method = agent_method(src, "_rendezvous")
     if "self._store = store" not in src.segment(module, method):
         yield "torch's _rendezvous no longer sets self._store; StoreChannel.attach reads it"
+    module, method = agent_method(src, "run")
+    if "except RendezvousGracefulExitError" not in src.segment(module, method):
+        yield ("torch's run no longer ends quietly on RendezvousGracefulExitError; FaultTolerantAgent._rendezvous "
+               "raises it for a spare whose job ended (exit 0)")
 
 
 def check_private_attributes(src: TorchSource) -> Iterator[str]:
@@ -637,7 +643,7 @@ def check_rendezvous_poll(src: TorchSource) -> Iterator[str]:
 
 MEMBERSHIP_HANDLER_ATTRIBUTES = {
     "_state_holder": "the shared rendezvous state (participants, wait list) is read from it",
-    "_settings": "settings.max_nodes: whether this node's round had a free slot",
+    "_settings": "settings.min_nodes / max_nodes: whether a new node may join the round now",
     "_heartbeat_lock": "held while the state is read (torch holds it while it syncs the state)",
 }
 """Private attributes of torch's ``DynamicRendezvousHandler`` that launcher/membership.py reads."""
@@ -646,7 +652,7 @@ MEMBERSHIP_HANDLER_ATTRIBUTES = {
 def check_membership(src: TorchSource) -> Iterator[str]:
     """launcher/membership.py reads the dynamic rendezvous state to decide which waiting nodes
     count: the handler's private attributes, the state's participants and wait list, the
-    settings' max_nodes, and torch's own count must still be the wait list's size."""
+    settings' min_nodes and max_nodes, and torch's own count must still be the wait list's size."""
     handler = src.cls(DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler")
     assigned = self_attributes_assigned(handler)
     for name, why in MEMBERSHIP_HANDLER_ATTRIBUTES.items():
@@ -664,8 +670,10 @@ def check_membership(src: TorchSource) -> Iterator[str]:
     for name in ("participants", "wait_list"):
         if name not in state_fields:
             yield f"_RendezvousState has no {name} (launcher/membership.py reads it)"
-    if "max_nodes" not in class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings")):
-        yield "RendezvousSettings has no max_nodes (launcher/membership.py reads it)"
+    settings_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings"))
+    for name in ("min_nodes", "max_nodes"):
+        if name not in settings_fields:
+            yield f"RendezvousSettings has no {name} (launcher/membership.py reads it)"
 
 
 CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (

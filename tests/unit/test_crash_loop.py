@@ -106,3 +106,64 @@ def test_success_forgets_the_run() -> None:
 def test_bad_settings_are_refused(max_cycles: int, min_steps: int) -> None:
     with pytest.raises(ValueError, match=">="):
         CrashLoopGuard(max_cycles, min_steps)
+
+
+# ---------------------------------------------------------------- a node that fails every cycle
+
+
+def failure(cycle: int, node: str | None, fp: Fingerprint = F, step: int | None = 30) -> CycleFailure:
+    return CycleFailure(cycle, fp, step, node)
+
+
+@pytest.mark.parametrize("nodes,can_lose,expected", [
+    # Every failure of the run on one node, and the job can do without it: that node leaves.
+    (["n2", "n2"], True, [None, "exclude n2"]),
+    # The rendezvous needs every node (--nnodes MIN = the nodes): a stop, as without a node.
+    (["n2", "n2"], False, [None, "stop"]),
+    # Roots on different nodes: the code, not a node.
+    (["n1", "n2"], True, [None, "stop"]),
+    # The root's node not known: never a node to leave.
+    ([None, None], True, [None, "stop"]),
+    # After n2 left, the same failure without progress on another node: a bug.
+    (["n2", "n2", "n3"], True, [None, "exclude n2", "stop"]),
+    # ... and on one node again (a launcher that took n2's name): a stop too, one exclusion per fingerprint.
+    (["n2", "n2", "n2"], True, [None, "exclude n2", "stop"]),
+])
+def test_a_node_that_is_the_root_every_time_leaves_instead_of_a_stop(nodes: list[str | None], can_lose: bool,
+                                                                      expected: list[str | None]) -> None:
+    guard = CrashLoopGuard(2, 1)
+    got = []
+    for cycle, node in enumerate(nodes):
+        verdict = guard.on_failure(failure(cycle, node), can_lose)
+        got.append("stop" if verdict.stop else f"exclude {verdict.exclude}" if verdict.exclude else None)
+    assert got == expected
+
+
+def test_after_a_node_left_the_same_failure_later_stops_even_after_progress() -> None:
+    guard = CrashLoopGuard(2, 1)
+    guard.on_failure(failure(0, "n2"), True)
+    assert guard.on_failure(failure(1, "n2"), True).exclude == "n2"
+    # the others moved on (step 40), then fail the same way twice on n3: not a second bad node
+    assert not guard.on_failure(failure(2, "n3", step=40), True).stop
+    verdict = guard.on_failure(failure(3, "n3", step=40), True)
+    assert verdict.stop and verdict.exclude is None
+    assert "node n2 left the job for it after cycle 1" in verdict.text and "failed again on node n3" in verdict.text
+    assert "a bug, not a node" in verdict.text
+
+
+def test_another_fingerprint_may_make_another_node_leave() -> None:
+    guard = CrashLoopGuard(2, 1)
+    guard.on_failure(failure(0, "n2"), True)
+    assert guard.on_failure(failure(1, "n2"), True).exclude == "n2"
+    guard.on_failure(failure(2, "n3", G), True)
+    assert guard.on_failure(failure(3, "n3", G), True).exclude == "n3"
+
+
+def test_the_exclusion_says_which_failure_repeated_where() -> None:
+    guard = CrashLoopGuard(2, 1)
+    guard.on_failure(failure(4, "node2 (group rank 1)"), True)
+    verdict = guard.on_failure(failure(5, "node2 (group rank 1)"), True)
+    assert not verdict.stop and verdict.exclude == "node2 (group rank 1)"
+    assert "cycles 4, 5 at step 30" in verdict.text and F.digest in verdict.text
+    assert "each time with its root on node node2 (group rank 1)" in verdict.text
+    assert "the others restart without it" in verdict.text

@@ -14,10 +14,10 @@ from launcher.membership import MembershipHandler
 class FakeHandler:
     """Just the parts of torch's DynamicRendezvousHandler that the proxy reads."""
 
-    def __init__(self, participants: set[str], max_nodes: int) -> None:
+    def __init__(self, participants: set[str], max_nodes: int, min_nodes: int = 1) -> None:
         self._state_holder = SimpleNamespace(state=SimpleNamespace(participants=dict.fromkeys(participants, 0),
                                                                    wait_list=set()))
-        self._settings = SimpleNamespace(max_nodes=max_nodes)
+        self._settings = SimpleNamespace(min_nodes=min_nodes, max_nodes=max_nodes)
         self._heartbeat_lock = threading.Lock()
         self.closed = False
 
@@ -31,8 +31,9 @@ class FakeHandler:
         self.closed = True
 
 
-def joined(participants: set[str], max_nodes: int, policy: str) -> tuple[FakeHandler, MembershipHandler]:
-    fake = FakeHandler(participants, max_nodes)
+def joined(participants: set[str], max_nodes: int, policy: str,
+           min_nodes: int = 1) -> tuple[FakeHandler, MembershipHandler]:
+    fake = FakeHandler(participants, max_nodes, min_nodes)
     proxy = MembershipHandler(fake, policy)
     assert proxy.next_rendezvous() == "info"
     return fake, proxy
@@ -53,6 +54,34 @@ def test_under_min_healthy_new_nodes_never_count_but_restarting_members_do():
     assert proxy.num_nodes_waiting() == 0
     fake._state_holder.state.wait_list = {"b", "c"}  # b left the round to restart
     assert proxy.num_nodes_waiting() == 1
+
+
+def test_under_any_failed_a_member_that_left_frees_its_slot_for_a_new_node():
+    # the reference's ExcludeThisNode scenario: a member's launcher exited (excluded), torch dropped
+    # it from the round once its keep-alive expired, and a spare moved up to the wait list
+    fake, proxy = joined({"a", "b"}, 2, "any-failed")
+    fake._state_holder.state.wait_list = {"c", "d"}
+    assert proxy.num_nodes_waiting() == 0
+    del fake._state_holder.state.participants["b"]
+    assert proxy.num_nodes_waiting() == 2
+
+
+def test_under_min_healthy_new_nodes_count_once_the_round_falls_below_the_minimum(caplog):
+    # the reference's min-healthy scenario at --nnodes 2:3: nodes that leave while 2 remain
+    # restart nothing (spares wait, one line per change of the spares); below 2 they count
+    fake, proxy = joined({"a", "b", "c"}, 3, "min-healthy", min_nodes=2)
+    state = fake._state_holder.state
+    with caplog.at_level(logging.INFO, logger="launcher.membership"):
+        del state.participants["b"]
+        state.wait_list = {"d"}
+        assert proxy.num_nodes_waiting() == 0
+        assert proxy.num_nodes_waiting() == 0
+        state.wait_list = {"d", "e"}
+        assert proxy.num_nodes_waiting() == 0
+        del state.participants["c"]
+        assert proxy.num_nodes_waiting() == 2
+    lines = [r.getMessage() for r in caplog.records if "wait as spares" in r.getMessage()]
+    assert len(lines) == 2 and "2 node(s) in the round, --nnodes MIN 2" in lines[0], lines
 
 
 @pytest.mark.parametrize("policy", ["any-failed", "min-healthy"])
