@@ -18,6 +18,7 @@ Scenarios (``--only`` picks some; each is a script in ``bench/`` that prints JSO
   goodput    bench/goodput.py           2-rank Lightning job with faults under autoresume.sh
   soak       bench/soak.py              >= 10 min 2-rank job with jitter under calculated timeouts:
                                         false kills and the detection latency of injected hangs
+  straggler  bench/straggler_overhead.py per-step cost of straggler detection's measurement (paired)
 
 Raw results go to ``bench/results/<UTC time>.json`` and each scenario's output to
 ``bench/results/logs/`` (git-ignored). ``--quick`` runs few, short repetitions (to check that
@@ -49,8 +50,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, kill_descendants, summarize  # noqa: E402
+from bench.scale import DOC_SECTION as SCALE_SECTION  # noqa: E402
 
-SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput", "soak")
+SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput", "soak", "straggler")
 
 # Repetitions and sizes: (full, quick).
 SETTINGS = {
@@ -63,6 +65,7 @@ SETTINGS = {
     "goodput_max_faults": (4, 2), "goodput_fault_every": (6.0, 4.0),
     # The soak: >= 10 minutes with the default minimums; then a shorter run with the old ones.
     "soak_duration": (660.0, 150.0), "soak_old_duration": (240.0, 90.0),
+    "straggler_reps": (3, 1), "straggler_blocks": (60, 10),
 }
 SCENARIO_TIMEOUT_S = 1800
 
@@ -238,10 +241,21 @@ def scenario_soak(ctx: Context) -> dict:
     return {"runs": runs}
 
 
+def scenario_straggler(ctx: Context) -> dict:
+    # Ours only: the reference's straggler Detector needs CUDA (CUPTI), see bench/straggler_overhead.py.
+    runs: dict[str, list[dict]] = {"1": [], "10": []}  # by profiling_interval
+    for rep in range(ctx.setting("straggler_reps")):
+        for interval in abba(list(runs), rep):
+            runs[interval].append(ctx.run_json("straggler", sys.executable, "straggler_overhead.py",
+                                               ["--blocks", str(ctx.setting("straggler_blocks")),
+                                                "--profiling-interval", interval]))
+    return {"runs": runs}
+
+
 RUNNERS: dict[str, Callable[[Context], dict]] = {
     "client": scenario_client, "hang": scenario_hang, "restart": scenario_restart,
     "footprint": scenario_footprint, "lightning": scenario_lightning, "goodput": scenario_goodput,
-    "soak": scenario_soak,
+    "soak": scenario_soak, "straggler": scenario_straggler,
 }
 
 
@@ -380,7 +394,7 @@ def render(data: dict) -> str:
     add("")
     sections = [("client", render_client), ("hang", render_hang), ("restart", render_restart),
                 ("footprint", render_footprint), ("lightning", render_lightning), ("goodput", render_goodput),
-                ("soak", render_soak)]
+                ("soak", render_soak), ("straggler", render_straggler)]
     number = 0
     for key, fn in sections:
         if key not in results:
@@ -427,6 +441,8 @@ def render(data: dict) -> str:
     add("")
     for line in MULTINODE_SECTION:
         add(line)
+    for line in SCALE_SECTION:  # measured apart too (bench/scale.py)
+        add(line)
     return "\n".join(lines) + "\n"
 
 
@@ -459,6 +475,35 @@ MULTINODE_SECTION = (
     "2.7 s for the new workers' process group.",
     "",
 )
+
+
+def render_straggler(result: dict, peer: bool) -> list[str]:
+    title = "Straggler detection: per-step cost of the measurement"
+    if (err := _error_section(title, result)):
+        return err
+    runs = result["runs"]
+
+    def cell(key: str, interval: str = "1") -> str:
+        return of([r[key] for r in runs[interval]], 2)
+
+    return [title,
+            "`bench/straggler_overhead.py`, one process, ABBA blocks: a tiny module's call with and without the "
+            "timer's forward wrapper, and a whole one-rank gloo DDP step (forward, backward, all-reduce, SGD) with "
+            "and without `ComputeTimer` (forward wrapper, one gradient hook); added = median of the paired "
+            "differences. The timer's own calls are also timed alone (a hot loop). With `profiling_interval=10` "
+            "the gradient hook is there on every 10th step only. The reference's `StragglerDetectionCallback` "
+            "cannot run on this CPU machine (its `Detector` needs CUDA: CUPTI, and `torch.cuda.synchronize()` "
+            f"in every report). {len(runs['1'])} runs each.",
+            "",
+            "| measure | µs |",
+            "| --- | --- |",
+            f"| timer's own calls per step (3 calls, hot loop) | {cell('timer_calls_us')} |",
+            f"| forward wrapper added to a module call | {cell('forward_wrapper_added_us')} |",
+            f"| module call without the wrapper | {cell('forward_call_us')} |",
+            f"| added to a whole DDP step, `profiling_interval=1` (default) | {cell('ddp_step_added_us')} |",
+            f"| added to a whole DDP step, `profiling_interval=10` | {cell('ddp_step_added_us', '10')} |",
+            f"| DDP step without the timer | {cell('ddp_step_us')} |",
+            ""]
 
 
 def _error_section(title: str, result: dict) -> list[str] | None:

@@ -10,5 +10,8 @@ the same as :mod:`ft_core.client.integration`'s. See ``docs/lightning.md``.
 from ft_core.client.simulated_fault import SimulatedFaultParams
 from ptl_resiliency.fault_tolerance_callback import FaultToleranceCallback
 from ptl_resiliency.fault_tolerance_sections_callback import FaultToleranceSectionsCallback
+from ptl_resiliency.straggler_det_callback import StragglerDetectionCallback
 
-__all__ = ["FaultToleranceCallback", "FaultToleranceSectionsCallback", "SimulatedFaultParams"]
+__all__ = [
+    "FaultToleranceCallback", "FaultToleranceSectionsCallback", "SimulatedFaultParams", "StragglerDetectionCallback",
+]

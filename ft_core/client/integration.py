@@ -106,6 +106,7 @@ __all__ = [
     "get_integration", "get_rank_monitor_client", "is_initialized", "maybe_setup_simulated_fault",
     "on_checkpoint_loaded", "on_checkpointing_end", "on_checkpointing_start", "on_eval_step_end",
     "on_eval_step_start", "on_training_step_end", "on_training_step_start", "setup", "should_stop", "shutdown",
+    "straggler_detection",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -519,3 +520,12 @@ def shutdown(update_timeouts: bool = True) -> None:
 def maybe_setup_simulated_fault(params: Optional[FaultParams]) -> Optional[SimulatedFault]:
     """See :meth:`FaultToleranceIntegration.maybe_setup_simulated_fault`."""
     return _default.maybe_setup_simulated_fault(params)
+
+
+def straggler_detection(**kwargs: Any) -> Any:
+    """Straggler detection for this loop: a :class:`ft_core.straggler.loop.StragglerLoop` (see
+    ``docs/stragglers.md``); ``kwargs`` are its arguments. Imported here on demand: the package
+    needs torch, which the rest of this module does not."""
+    from ft_core.straggler.loop import StragglerLoop
+
+    return StragglerLoop(**kwargs)

@@ -31,6 +31,8 @@ MODULES = {
     "nvidia_resiliency_ext.ptl_resiliency.fault_tolerance_callback": "ptl_resiliency.fault_tolerance_callback",
     "nvidia_resiliency_ext.ptl_resiliency.fault_tolerance_sections_callback":
         "ptl_resiliency.fault_tolerance_sections_callback",
+    "nvidia_resiliency_ext.ptl_resiliency.straggler_det_callback": "ptl_resiliency.straggler_det_callback",
+    "nvidia_resiliency_ext.straggler": "ft_core.straggler",
 }
 
 # (reference module, public name) for every name we provide.
@@ -56,6 +58,10 @@ PROVIDED = [
     ("nvidia_resiliency_ext.ptl_resiliency", "FaultToleranceSectionsCallback"),
     ("nvidia_resiliency_ext.ptl_resiliency.fault_tolerance_callback", "FaultToleranceCallback"),
     ("nvidia_resiliency_ext.ptl_resiliency.fault_tolerance_sections_callback", "FaultToleranceSectionsCallback"),
+    # ptl_resiliency's straggler part and the plain-loop API it is built on (issue 24)
+    ("nvidia_resiliency_ext.ptl_resiliency", "StragglerDetectionCallback"),
+    ("nvidia_resiliency_ext.ptl_resiliency.straggler_det_callback", "StragglerDetectionCallback"),
+    *[("nvidia_resiliency_ext.straggler", name) for name in ("Detector", "Report", "StragglerId", "CallableId")],
 ]
 
 # Public names and modules of the reference we do not provide; docs/porting.md says why.
@@ -64,7 +70,7 @@ NOT_PROVIDED = [
     "InitMsg", "HeartbeatMsg", "SectionMsg", "UpdateConfigMsg", "OkMsg", "ErrorMsg", "RankMonitorLogger",
     "utils", "dict_utils", "ipc_connector", "_ft_rendezvous", "_torch_elastic_compat", "LocalElasticAgent",
     "LaunchConfig", "elastic_launch", "launch_agent", "config_from_args", "parse_args", "UnhealthyNodeException",
-    "StragglerDetectionCallback", "local_checkpoint_callback", "enable_nic_monitor",
+    "local_checkpoint_callback", "enable_nic_monitor",
 ]
 
 

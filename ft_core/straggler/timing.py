@@ -1,0 +1,219 @@
+"""Per-rank compute time: forward start to the moment the rank's last gradient is ready.
+
+In a synchronous data-parallel job every rank's step takes the same wall time: fast ranks wait
+for the slow one inside the gradient all-reduce. What differs between ranks is the work each does
+*before* it is ready to communicate, so that is what :class:`ComputeTimer` measures, per step, in
+two phases:
+
+* **forward**: the ``forward`` of the module DDP wraps, wrapped on the instance (not DDP's own
+  forward: it may broadcast buffers, a collective where fast ranks wait for slow ones). Not module
+  hooks: any forward hook sends every call through ``Module``'s slow path, which cost about 15 µs
+  per DDP step on an otherwise idle machine (``bench/straggler_overhead.py``), the wrapper well
+  under one;
+* **backward**: from the end of the forward to the moment the *last* parameter gradient of the
+  step is accumulated. DDP's last gradient bucket becomes ready at that same moment (a bucket is
+  ready when all its gradients are), before the rank waits for anyone. One
+  ``register_post_accumulate_grad_hook`` on that parameter marks it: the first two backward passes
+  hook every parameter to learn which one comes last, then only that one stays hooked.
+
+A DDP communication hook (called per bucket, ``bucket.is_last()``) would mark the same moment,
+but it replaces the reducer's C++ all-reduce with a Python one: on gloo that cost about 0.5 ms per
+step (``bench/straggler_overhead.py``), the gradient hook well under a microsecond. It also leaves
+the job's own communication hook alone (DDP takes only one).
+
+Samples accumulate between reports. The clock, without CUDA, is the wall clock of the rank's
+compute (``time.perf_counter``): a fail-slow node shows up in wall time (a CPU quota or a noisy
+neighbour makes the rank *wait* for a core; CPU time, ``thread_time``, would not grow). With CUDA
+the points are CUDA events on the current stream (the autograd engine sets the gradient's stream
+when it runs the hook), read at the next report: they time compute only, NCCL kernels run on
+their own streams.
+
+Cost per step: a wrapper call and a gradient hook call that read the clock (or record an event)
+and compare; no synchronisation, no collective. With ``profiling_interval`` n > 1 the gradient hook
+is registered for the measured steps only, so the other steps cost the wrapper alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ComputeTimer"]
+
+LEARNING_BACKWARDS = 2
+"""Backward passes with every parameter hooked, to find the one whose gradient comes last."""
+
+
+class ComputeTimer:
+    """Collects one (forward, backward) compute-time sample per measured step (see the module docstring).
+
+    Steps are counted at each forward of the hooked module (every rank runs the same number), so
+    the count is what ranks agree on for the report step.
+
+    Args:
+        use_cuda: Time with CUDA events on the current stream instead of the wall clock.
+        profiling_interval: Measure every ``profiling_interval``-th step (1: every step).
+    """
+
+    def __init__(self, use_cuda: bool, profiling_interval: int = 1) -> None:
+        if profiling_interval < 1:
+            raise ValueError(f"profiling_interval must be >= 1, got {profiling_interval}")
+        self.use_cuda = use_cuda
+        self.profiling_interval = profiling_interval
+        self.steps = 0  # forwards of the hooked module so far
+        self._start: Any = None  # this step's forward start (perf_counter float or CUDA event)
+        self._forward_done: Any = None  # its forward end, same kind; None until then
+        self._skip = 0  # steps still to leave out (after a checkpoint or an evaluation)
+        self._samples: list[tuple[float, float]] = []  # (forward, backward) seconds
+        self._events: list[tuple[Any, Any, Any]] = []  # (start, forward end, end) CUDA events not read yet
+        self._module: Optional[torch.nn.Module] = None
+        self._wrapper: Any = None
+        self._method = "forward"
+        self._grad_handles: list[Any] = []
+        self._params: list[torch.nn.Parameter] = []
+        self._last_param: Optional[torch.nn.Parameter] = None  # the one whose gradient comes last, once learned
+        self._learning: list[int] = []  # parameter indices in the order their gradients came, this backward
+        self._backwards_seen = 0
+        self._measures_backward = False
+        self.on_step_end: Optional[Callable[[int], None]] = None  # called with the step count after each forward
+
+    @property
+    def measures_backward(self) -> bool:
+        """True when the backward pass is measured (the module has parameters that get gradients)."""
+        return self._measures_backward
+
+    # ------------------------------------------------------------------ hooks
+
+    def attach(self, module: torch.nn.Module, ddp: Optional[torch.nn.Module] = None, method: str = "forward") -> bool:
+        """Wrap ``module``'s forward (or ``method``) and hook its parameters' gradients.
+
+        Args:
+            module: The module whose forward is a step (for DDP, the module it wraps).
+            ddp: Unused; kept so that callers may say which DDP wraps ``module``.
+            method: The method that is the step's forward: ``"training_step"`` for a
+                LightningModule (Lightning calls it directly, redirecting DDP's forward to it).
+
+        Returns:
+            True when the backward pass is measured too.
+        """
+        original = getattr(module, method)
+        timer = self
+
+        def timed_forward(*args: Any, **kwargs: Any) -> Any:
+            timer._forward_start(None, args)
+            output = original(*args, **kwargs)
+            timer._forward_end(None, args, output)
+            return output
+
+        setattr(module, method, timed_forward)  # on the instance; detach() removes it
+        self._module, self._wrapper, self._method = module, timed_forward, method
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        if self._params and hasattr(self._params[0], "register_post_accumulate_grad_hook"):
+            for index, param in enumerate(self._params):
+                self._grad_handles.append(param.register_post_accumulate_grad_hook(self._learner(index)))
+            self._measures_backward = True
+        return self._measures_backward
+
+    def detach(self) -> None:
+        """Remove the forward wrapper and the gradient hooks."""
+        module, self._module = self._module, None
+        if module is not None and module.__dict__.get(self._method) is self._wrapper:
+            delattr(module, self._method)
+        for handle in self._grad_handles:
+            handle.remove()
+        self._grad_handles.clear()
+        self.on_step_end = None
+
+    def _learner(self, index: int) -> Callable[[Any], None]:
+        def learn(param: Any) -> None:
+            self._learning.append(index)
+        return learn
+
+    def _learned(self) -> None:
+        """After a backward pass with every parameter hooked: keep only the last one's hook."""
+        self._backwards_seen += 1
+        if self._backwards_seen < LEARNING_BACKWARDS:
+            self._learning.clear()
+            return
+        last = self._learning[-1]
+        self._learning.clear()
+        for handle in self._grad_handles:
+            handle.remove()
+        self._last_param = self._params[last]
+        self._grad_handles = [self._last_param.register_post_accumulate_grad_hook(self._backward_end)]
+        log.debug("straggler detection: the backward ends with parameter %d of %d", last, len(self._params))
+
+    # ------------------------------------------------------------------ per step
+
+    def _now(self) -> Any:
+        if self.use_cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _forward_start(self, module: Any, args: Any) -> None:
+        if self._learning:  # the previous forward's backward ran with every parameter hooked
+            self._learned()
+        profiled = (self.steps + 1) % self.profiling_interval == 0 and not self._skip
+        if self.profiling_interval > 1 and self._last_param is not None:
+            # The gradient hook costs more than its registration: with profiling_interval > 1 it is
+            # there for the measured steps only (removed here, not in the hook: the engine is
+            # iterating over the hooks then).
+            if profiled and not self._grad_handles:
+                self._grad_handles.append(self._last_param.register_post_accumulate_grad_hook(self._backward_end))
+            elif not profiled and self._grad_handles:
+                for handle in self._grad_handles:
+                    handle.remove()
+                self._grad_handles.clear()
+        self._start = self._now() if profiled else None
+        self._forward_done = None
+
+    def _forward_end(self, module: Any, args: Any, output: Any) -> None:
+        self.steps += 1
+        if self._skip:
+            self._skip -= 1
+        elif self._start is not None:
+            self._forward_done = self._now()
+            if not self._measures_backward:
+                self._record(None)
+        if self.on_step_end is not None:
+            self.on_step_end(self.steps)
+
+    def _backward_end(self, param: Any) -> None:
+        if self._forward_done is not None:
+            self._record(self._now())
+
+    def _record(self, end: Any) -> None:
+        start, forward_done = self._start, self._forward_done
+        self._start = self._forward_done = None
+        if self.use_cuda:
+            self._events.append((start, forward_done, end if end is not None else forward_done))
+        else:
+            self._samples.append((forward_done - start, 0.0 if end is None else end - forward_done))
+
+    def skip_next(self, steps: int = 1) -> None:
+        """Leave the next ``steps`` steps out, and the one in progress (the first step after a
+        checkpoint or an evaluation is often slower: caches, allocator, loader workers)."""
+        self._skip = max(self._skip, steps)
+        self._start = self._forward_done = None
+
+    def record(self, seconds: float) -> None:
+        """Add a sample measured elsewhere (a detection section), in seconds, as forward time."""
+        self._samples.append((seconds, 0.0))
+
+    def take_samples(self) -> list[tuple[float, float]]:
+        """The (forward, backward) samples since the last call, in seconds (waits for pending CUDA events)."""
+        if self._events:
+            self._events[-1][2].synchronize()
+            self._samples.extend((start.elapsed_time(mid) / 1000.0, mid.elapsed_time(end) / 1000.0)
+                                 for start, mid, end in self._events)
+            self._events.clear()
+        samples, self._samples = self._samples, []
+        return samples

@@ -1,0 +1,122 @@
+"""Straggler scores (ft_core.straggler.scores) and the single-process Detector API."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from ft_core.straggler import Detector, StragglerId
+from ft_core.straggler.outcome import ReportHandler
+from ft_core.straggler.scores import (
+    RankTiming,
+    Report,
+    Streaks,
+    individual_scores,
+    interval_median,
+    node_scores,
+    relative_scores,
+)
+
+pytestmark = [pytest.mark.timeout(30)]
+
+
+def test_interval_median_needs_min_samples_and_ignores_outliers() -> None:
+    assert math.isnan(interval_median([1.0, 2.0], min_samples=3))
+    # a GC pause and a post-checkpoint step in 9 samples do not move the median
+    assert interval_median([1.0] * 7 + [50.0, 80.0], min_samples=8) == 1.0
+
+
+def test_relative_scores_are_against_the_median_rank() -> None:
+    scores = relative_scores({0: 1.0, 1: 1.0, 2: 1.3, 3: 1.0, 4: math.nan})
+    assert scores[0] == pytest.approx(1.0)
+    assert scores[2] == pytest.approx(1 / 1.3)
+    assert 4 not in scores
+    # one unusually fast rank does not make the others look slow
+    assert min(relative_scores({0: 0.5, 1: 1.0, 2: 1.0}).values()) == pytest.approx(1.0)
+    assert relative_scores({}) == {}
+
+
+def test_individual_scores_are_against_the_ranks_own_best() -> None:
+    scores = individual_scores({0: RankTiming(1.3, 1.0, 10), 1: RankTiming(1.0, 1.0, 10),
+                                2: RankTiming(math.nan, 1.0, 2)})
+    assert scores == {0: pytest.approx(1 / 1.3), 1: pytest.approx(1.0)}
+
+
+def test_node_rollup_is_the_median_of_its_ranks() -> None:
+    nodes = {0: "a", 1: "a", 2: "b", 3: "b", 4: "b"}
+    rolled = node_scores({0: 1.0, 1: 1.0, 2: 0.7, 3: 0.72, 4: 1.0}, nodes)
+    assert rolled == {"a": 1.0, "b": pytest.approx(0.72)}
+
+
+def _report(rel: dict[int, float], nodes: dict[int, str]) -> Report:
+    return Report(rel, {}, {}, {}, nodes, {}, {}, 0.0, True, 0,
+                  node_relative_perf_scores=node_scores(rel, nodes), interval_s=1.0, steps=10, index=1)
+
+
+def test_identify_stragglers_uses_the_references_keys() -> None:
+    report = _report({0: 1.0, 1: 0.7}, {0: "a", 1: "b"})
+    found = report.identify_stragglers(gpu_rel_threshold=0.8)
+    assert found["straggler_gpus_relative"] == {StragglerId(1, "b")}
+    assert found["straggler_gpus_individual"] == set()
+    assert found["straggler_nodes_relative"] == {"b"}
+    assert set(found) >= {"straggler_sections_relative", "straggler_sections_individual"}
+
+
+def test_streaks_count_reports_in_a_row() -> None:
+    streaks = Streaks()
+    streaks.update({"b"})
+    assert streaks.update({"b", "c"}) == {"b": 2, "c": 1}
+    assert streaks.update({"c"}) == {"c": 2}
+    assert streaks.count("b") == 0
+
+
+def test_replace_acts_on_a_node_flagged_k_reports_in_a_row() -> None:
+    handler = ReportHandler(0.8, None, 0, action="replace", replace_after=3)
+    report = _report({0: 1.0, 1: 1.0, 2: 0.7, 3: 0.7}, {0: "a", 1: "a", 2: "b", 3: "b"})
+    outcomes = [handler.handle(report, rank=1, local_rank=1) for _ in range(3)]
+    assert [o.replace_nodes for o in outcomes] == [frozenset(), frozenset(), frozenset({"b"})]
+    assert handler.entries(report, outcomes[-1], "b")[-1] == {
+        "scope": "node", "rank": None, "node": "b", "relative": pytest.approx(0.7), "individual": None,
+        "consecutive": 3, "action": "replace"}
+
+
+def test_detector_plain_loop_reports_at_the_agreed_step() -> None:
+    model = torch.nn.Linear(4, 1)
+    Detector.initialize(report_time_interval=0.05, scores_to_compute="all")
+    try:
+        assert Detector.instrument(model) is True  # forward, and backward to the last gradient
+        reports = []
+        for _ in range(40):
+            with Detector.detection_section("step"):
+                model(torch.randn(2, 4)).sum().backward()
+            report = Detector.generate_report_if_interval_elapsed()
+            if report is not None:
+                assert Detector.is_interval_elapsed()
+                reports.append(report)
+        assert reports, "no report in 40 steps"
+        assert reports[0].index == 1 and reports[0].steps == 10
+        assert set(reports[-1].gpu_relative_perf_scores) == {0}
+        assert "step" in reports[-1].section_relative_perf_scores
+        timing = reports[-1].timings[0]
+        assert timing.samples >= 8 and timing.median_s > 0
+    finally:
+        Detector.shutdown()
+    with pytest.raises(RuntimeError):
+        Detector()
+
+
+def test_the_timer_measures_every_nth_step_with_both_phases() -> None:
+    from ft_core.straggler.timing import ComputeTimer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    timer = ComputeTimer(use_cuda=False, profiling_interval=3)
+    assert timer.attach(model)
+    for _ in range(30):
+        model(torch.randn(2, 4)).sum().backward()
+    samples = timer.take_samples()
+    assert timer.steps == 30 and len(samples) == 10
+    assert all(forward > 0 and backward > 0 for forward, backward in samples)
+    timer.detach()
+    assert "forward" not in model.__dict__  # the instance's wrapper is gone
