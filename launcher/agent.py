@@ -555,7 +555,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         healthy = None
         if self._policy.checks_node_health(worker_group.group_world_size) and self._channel.mark_unhealthy(
                 worker_group.group_rank, self.cycle):
-            healthy = self._channel.healthy_nodes(worker_group.group_world_size)
+            healthy = self._channel.healthy_nodes(worker_group.group_world_size, _live_group_ranks(worker_group))
         spec = worker_group.spec
         records = self._failure_records(worker_group, result)
         first = records[0]  # every record of a cycle carries its root's fingerprint (None: no root)
@@ -601,7 +601,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         return f"{host} (group rank {group_rank})" if group_rank is not None else str(host)
 
     def _wait_while_unhealthy(self, worker_group: WorkerGroup) -> RunResult:
-        healthy = self._channel.healthy_nodes(worker_group.group_world_size)
+        healthy = self._channel.healthy_nodes(worker_group.group_world_size, _live_group_ranks(worker_group))
         if not self._policy.restart_while_waiting(healthy):
             return RunResult(state=WorkerState.HEALTHY)
         self._events.record_event(MinHealthyRestart(cycle=self.cycle, healthy_nodes=healthy,
@@ -768,3 +768,9 @@ class _WorkerPidLogFilter(logging.Filter):
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def _live_group_ranks(worker_group: WorkerGroup) -> frozenset[int] | None:
+    """The round's nodes whose launcher is alive, from the membership proxy (:mod:`launcher.membership`)."""
+    live = getattr(worker_group.spec.rdzv_handler, "live_group_ranks", None)
+    return live() if callable(live) else None

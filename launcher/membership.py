@@ -116,6 +116,13 @@ class MembershipHandler:
                          participants, limit_name, limit)
         return counted
 
+    def live_group_ranks(self) -> frozenset[int] | None:
+        """The ranks in this round of the nodes whose launcher is alive (torch drops a node from the
+        round's participants once its keep-alive expired), as of the state's last sync (every
+        poll of :meth:`num_nodes_waiting`); None if the state cannot be read."""
+        ranks = self._read(lambda state: frozenset(state.participants.values()))
+        return frozenset(r for r in ranks if isinstance(r, int)) if ranks is not None else None
+
     def _read(self, read: Any) -> Any:
         """``read(state)`` on torch's rendezvous state under the handler's lock; None if unreadable."""
         try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,16 +178,23 @@ class StoreChannel:
         """Mark this node (``group_rank``) unhealthy; False if the store cannot be written."""
         return self._set(UNHEALTHY_PREFIX + str(group_rank), str(cycle), "this node's health")
 
-    def healthy_nodes(self, group_world_size: int) -> int | None:
-        """Nodes of the group not marked unhealthy; None if the store cannot be read."""
+    def healthy_nodes(self, group_world_size: int, live_ranks: Collection[int] | None = None) -> int | None:
+        """Nodes of the group not marked unhealthy; None if the store cannot be read.
+
+        Args:
+            group_world_size: Nodes in the round.
+            live_ranks: When known, the nodes of the round whose launcher is still alive: a node
+                whose launcher is gone marked nothing, but is not healthy either.
+        """
         if self._store is None:
             return None
+        ranks = [r for r in range(group_world_size) if live_ranks is None or r in live_ranks]
         try:
-            unhealthy = sum(1 for r in range(group_world_size) if self._store.check([UNHEALTHY_PREFIX + str(r)]))
+            unhealthy = sum(1 for r in ranks if self._store.check([UNHEALTHY_PREFIX + str(r)]))
         except STORE_ERRORS as err:
             logger.warning("cannot read node health from the store: %s", err)
             return None
-        return group_world_size - unhealthy
+        return len(ranks) - unhealthy
 
     # ------------------------------------------------------------------ members
 

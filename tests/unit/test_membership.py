@@ -113,3 +113,13 @@ def test_every_other_attribute_is_the_real_handlers():
     assert fake.closed and proxy.wrapped is fake
     proxy._cache_note = 1  # a setting made through the proxy reaches torch's handler
     assert fake._cache_note == 1
+
+
+def test_the_live_ranks_are_those_of_the_participants_still_in_the_round():
+    fake, proxy = joined({"a", "b", "c"}, 3, "min-healthy", min_nodes=2)
+    fake._state_holder.state.participants = {"a": 0, "b": 1, "c": 2}
+    assert proxy.live_group_ranks() == {0, 1, 2}
+    del fake._state_holder.state.participants["b"]  # b's launcher is gone: torch dropped it
+    assert proxy.live_group_ranks() == {0, 2}
+    del fake._state_holder.state.participants  # a torch whose state this cannot read
+    assert proxy.live_group_ranks() is None

@@ -59,6 +59,18 @@ def test_an_unreadable_payload_still_means_shutdown():
     assert notice is not None and (notice.node, notice.rank, notice.description) == (None, None, "")
 
 
+def test_a_node_whose_launcher_is_gone_is_not_healthy(two_nodes):
+    # min-healthy: node 1's launcher died without marking itself; node 2 marked its failure
+    a, b = two_nodes
+    assert b.mark_unhealthy(2, cycle=0)
+    deadline = time.monotonic() + 5
+    while a.healthy_nodes(3) != 2:  # a TCPStore client's set reaches another connection shortly after
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert a.healthy_nodes(3, live_ranks={0, 2}) == 1
+    assert a.healthy_nodes(3, live_ranks={0, 1, 2}) == 2
+
+
 def test_healthy_nodes_counts_the_unmarked_ones(two_nodes):
     a, b = two_nodes
     assert a.healthy_nodes(3) == 3
