@@ -335,11 +335,9 @@ class _FaultToleranceCallbackBase(Callback):
         assert self.graceful_stop is not None
         if self.graceful_stop.checkpoint_path is not None:
             return self.graceful_stop.checkpoint_path
-        checkpoint = trainer.checkpoint_callback
-        dirpath = getattr(checkpoint, "dirpath", None)
-        last_name = getattr(checkpoint, "CHECKPOINT_NAME_LAST", None)
-        if dirpath and isinstance(last_name, str) and "{" not in last_name:
-            return os.path.join(dirpath, last_name + getattr(checkpoint, "FILE_EXTENSION", ".ckpt"))
+        path = last_checkpoint_path(trainer)
+        if path is not None:
+            return path
         raise ConfigError(
             f"{type(self).__name__}(graceful_stop=...) needs a checkpoint to save at the stop: give "
             "graceful_stop={'checkpoint_path': ...}, or a ModelCheckpoint with a dirpath (the stop then "
@@ -465,3 +463,14 @@ class _FaultToleranceCallbackBase(Callback):
             self._maybe_update_and_save_timeouts(client, final=True)
         except Exception:  # a completed run must still create its flag and disconnect
             self._log.exception("fault tolerance: final timeouts update failed")
+
+
+def last_checkpoint_path(trainer: pl.Trainer) -> Optional[str]:
+    """``<dirpath>/last.ckpt`` of the trainer's ``ModelCheckpoint`` (what ``fit(ckpt_path='last')``
+    resumes from); None without a ``ModelCheckpoint`` with a dirpath and a plain last name."""
+    checkpoint = trainer.checkpoint_callback
+    dirpath = getattr(checkpoint, "dirpath", None)
+    last_name = getattr(checkpoint, "CHECKPOINT_NAME_LAST", None)
+    if dirpath and isinstance(last_name, str) and "{" not in last_name:
+        return os.path.join(dirpath, last_name + getattr(checkpoint, "FILE_EXTENSION", ".ckpt"))
+    return None

@@ -27,6 +27,7 @@ from ft_core.straggler.outcome import (
     scores_summary,
 )
 from ft_core.wire.errors import GracefulStopExit
+from ptl_resiliency._base import last_checkpoint_path
 from ptl_resiliency._checkpoint_hooks import KIND_SAVE, CheckpointHooks
 from ptl_resiliency._lightning import Callback, TrainerFn, pl
 
@@ -234,16 +235,7 @@ class StragglerDetectionCallback(Callback):
     def _stop(self, trainer: pl.Trainer) -> None:
         """Save (every rank takes part) and leave ``fit`` as a graceful stop: exit 0, no finished flag."""
         self.logger.error("Detected stragglers. Terminating training...")
-        path = self._stop_checkpoint(trainer)
+        path = last_checkpoint_path(trainer)
         if path is not None:
             trainer.save_checkpoint(path)
         raise GracefulStopExit(int(trainer.global_step), "straggler detected", path)
-
-    @staticmethod
-    def _stop_checkpoint(trainer: pl.Trainer) -> Optional[str]:
-        checkpoint = trainer.checkpoint_callback
-        dirpath = getattr(checkpoint, "dirpath", None)
-        last_name = getattr(checkpoint, "CHECKPOINT_NAME_LAST", None)
-        if dirpath and isinstance(last_name, str) and "{" not in last_name:
-            return os.path.join(dirpath, last_name + getattr(checkpoint, "FILE_EXTENSION", ".ckpt"))
-        return None
