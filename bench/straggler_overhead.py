@@ -52,8 +52,8 @@ def _direct_cost(calls: int) -> float:
     timer._measures_backward = True
     t0 = time.perf_counter()
     for _ in range(calls):
-        timer._forward_start(None, ())
-        timer._forward_end(None, (), None)
+        timer._forward_start()
+        timer._forward_end()
         timer._backward_end(None)
         if len(timer._samples) > 10_000:
             timer._samples.clear()
@@ -100,7 +100,7 @@ def main() -> int:
             plain = torch.nn.parallel.DistributedDataParallel(_model())
             timed = torch.nn.parallel.DistributedDataParallel(_model())
             timer = ComputeTimer(use_cuda=False, profiling_interval=args.profiling_interval)
-            assert timer.attach(timed.module, timed)
+            assert timer.attach(timed.module)
             opts = {id(m): torch.optim.SGD(m.parameters(), lr=0.01) for m in (plain, timed)}
             for m in (plain, timed):  # warm-up (bucket rebuild, the timer's learning backwards)
                 _block(m, opts[id(m)], data, 20)

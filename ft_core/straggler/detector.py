@@ -117,7 +117,7 @@ class Detector:
         engine = cls._require()
         ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
         cls._instrumented = True
-        return engine.timer.attach(ddp.module if ddp is not None else model, ddp)
+        return engine.timer.attach(ddp.module if ddp is not None else model)
 
     @classmethod
     @contextlib.contextmanager

@@ -63,7 +63,7 @@ class StragglerLoop:
     def instrument(self, model: torch.nn.Module) -> bool:
         """Hook ``model`` (a DDP: the module it wraps; or a plain module); True if the backward is measured."""
         ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
-        return self.engine.timer.attach(ddp.module if ddp is not None else model, ddp)
+        return self.engine.timer.attach(ddp.module if ddp is not None else model)
 
     def on_training_step_end(self) -> Optional[Outcome]:
         """Call after every training step on every rank: the outcome at report steps (a collective), else None."""

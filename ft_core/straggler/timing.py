@@ -90,12 +90,11 @@ class ComputeTimer:
 
     # ------------------------------------------------------------------ hooks
 
-    def attach(self, module: torch.nn.Module, ddp: Optional[torch.nn.Module] = None, method: str = "forward") -> bool:
+    def attach(self, module: torch.nn.Module, method: str = "forward") -> bool:
         """Wrap ``module``'s forward (or ``method``) and hook its parameters' gradients.
 
         Args:
             module: The module whose forward is a step (for DDP, the module it wraps).
-            ddp: Unused; kept so that callers may say which DDP wraps ``module``.
             method: The method that is the step's forward: ``"training_step"`` for a
                 LightningModule (Lightning calls it directly, redirecting DDP's forward to it).
 
@@ -106,9 +105,9 @@ class ComputeTimer:
         timer = self
 
         def timed_forward(*args: Any, **kwargs: Any) -> Any:
-            timer._forward_start(None, args)
+            timer._forward_start()
             output = original(*args, **kwargs)
-            timer._forward_end(None, args, output)
+            timer._forward_end()
             return output
 
         setattr(module, method, timed_forward)  # on the instance; detach() removes it
@@ -158,7 +157,7 @@ class ComputeTimer:
             return event
         return time.perf_counter()
 
-    def _forward_start(self, module: Any, args: Any) -> None:
+    def _forward_start(self) -> None:
         if self._learning:  # the previous forward's backward ran with every parameter hooked
             self._learned()
         profiled = (self.steps + 1) % self.profiling_interval == 0 and not self._skip
@@ -175,7 +174,7 @@ class ComputeTimer:
         self._start = self._now() if profiled else None
         self._forward_done = None
 
-    def _forward_end(self, module: Any, args: Any, output: Any) -> None:
+    def _forward_end(self) -> None:
         self.steps += 1
         if self._skip:
             self._skip -= 1
