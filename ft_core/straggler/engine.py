@@ -108,6 +108,7 @@ class StragglerEngine:
             _log_cpu_note_once()
         self.timer = ComputeTimer(self.use_cuda, profiling_interval)
         self.exchange = Exchange(report_time_interval, first_report_step)
+        self.timer.notify_step = self.exchange.next_step  # the timer's on_step_end: from the exchange step on
         self.node_name = node_name or socket.gethostname()
         self.min_samples = min_samples
         self.gather_on_rank0 = gather_on_rank0
@@ -140,8 +141,9 @@ class StragglerEngine:
         if not self.rank_to_node:
             self.rank_to_node = dict(enumerate(self.exchange.gather_objects(self.node_name)))
         # An interval shorter than min_samples measured steps could never be scored.
-        floor = float(self.min_samples * self.timer.profiling_interval)
+        floor = float(self.min_samples * self.timer.steps_per_sample)
         seconds = self.exchange.advance(steps, [max(r[5], floor) for r in rows])
+        self.timer.notify_step = self.exchange.next_step
         phases = [{rank: RankTiming(median_s=r[i], best_s=r[i + 1], samples=int(r[4])) for rank, r in enumerate(rows)}
                   for i in (0, 2)]
         timings = {rank: RankTiming(median_s=r[0] + (r[2] if math.isfinite(r[2]) else 0.0), best_s=math.nan,

@@ -28,13 +28,16 @@ the points are CUDA events on the current stream (the autograd engine sets the g
 when it runs the hook), read at the next report: they time compute only, NCCL kernels run on
 their own streams.
 
-Cost per step: a wrapper call and a gradient hook call that read the clock (or record an event)
-and compare; no synchronisation, no collective. With ``profiling_interval`` n > 1 the gradient hook
-is registered for the measured steps only, so the other steps cost the wrapper alone.
+Cost per step: a wrapper call and a gradient hook call; no synchronisation, no collective. With
+the wall clock one step in :data:`WALL_CLOCK_SAMPLE_EVERY` is sampled (three clock reads into a flat
+array), the others only count; with CUDA every step records its events. With ``profiling_interval``
+n > 1 the gradient hook is registered for the measured steps only, so the other steps cost the
+wrapper alone.
 """
 
 from __future__ import annotations
 
+import array
 import logging
 import time
 from collections.abc import Callable
@@ -48,6 +51,11 @@ __all__ = ["ComputeTimer"]
 
 LEARNING_BACKWARDS = 2
 """Backward passes with every parameter hooked, to find the one whose gradient comes last."""
+WALL_CLOCK_SAMPLE_EVERY = 3
+"""With the wall clock and ``profiling_interval`` 1, one step in this many is sampled. A sample reads
+the clock three times, and in a training step each read costs about 1 µs on the machines we
+measured (``bench/straggler_overhead.py``; 56 ns in a tight loop): every step sampled would cost
+about 3 µs, over the 2 µs goal. Medians of a third of the steps are as robust for the report."""
 
 
 class ComputeTimer:
@@ -58,17 +66,21 @@ class ComputeTimer:
 
     Args:
         use_cuda: Time with CUDA events on the current stream instead of the wall clock.
-        profiling_interval: Measure every ``profiling_interval``-th step (1: every step).
+        profiling_interval: Measure every ``profiling_interval``-th step (1: every step with CUDA
+            events; one in :data:`WALL_CLOCK_SAMPLE_EVERY` with the wall clock).
+        sample_every: The wall clock's stride at ``profiling_interval`` 1 (tests set 1).
     """
 
-    def __init__(self, use_cuda: bool, profiling_interval: int = 1) -> None:
+    def __init__(self, use_cuda: bool, profiling_interval: int = 1,
+                 sample_every: int = WALL_CLOCK_SAMPLE_EVERY) -> None:
         if profiling_interval < 1:
             raise ValueError(f"profiling_interval must be >= 1, got {profiling_interval}")
         self.use_cuda = use_cuda
         self.profiling_interval = profiling_interval
+        self.sample_every = max(1, int(sample_every))
+        self._countdown = 1  # fast path: forwards until the next sampled one
         self.steps = 0  # forwards of the hooked module so far
-        self._start: Any = None  # this step's forward start (perf_counter float or CUDA event)
-        self._forward_done: Any = None  # its forward end, same kind; None until then
+        self._start: Any = None  # this step's forward start (perf_counter float or CUDA event), slow path
         self._skip = 0  # steps still to leave out (after a checkpoint or an evaluation)
         self._samples: list[tuple[float, float]] = []  # (forward, backward) seconds
         self._events: list[tuple[Any, Any, Any]] = []  # (start, forward end, end) CUDA events not read yet
@@ -81,7 +93,26 @@ class ComputeTimer:
         self._learning: list[int] = []  # parameter indices in the order their gradients came, this backward
         self._backwards_seen = 0
         self._measures_backward = False
-        self.on_step_end: Optional[Callable[[int], None]] = None  # called with the step count after each forward
+        self.on_step_end: Optional[Callable[[int], None]] = None  # see notify_step
+        self.notify_step = 0
+        """``on_step_end`` is called after each forward whose step count reaches this (the owner sets it
+        to the next exchange step: the other steps then skip the call)."""
+        # The step awaiting its backward's end: wall clock in _fwd_start / _mid (_mid None: none), CUDA
+        # events in _pending. Wall-clock stamps go to a flat array (start, forward end, end, ...): no
+        # object per step for the garbage collector.
+        self._fwd_start = 0.0
+        self._mid: Optional[float] = None
+        self._pending: Optional[tuple[Any, Any]] = None
+        self._stamps = array.array("d")
+        self._fast = False  # see _update_fast
+        self._backward_end = self._make_backward_end()
+
+    @property
+    def steps_per_sample(self) -> int:
+        """Steps per sample when nothing is left out: ``profiling_interval``, or the wall clock's stride."""
+        if self.profiling_interval == 1 and not self.use_cuda:
+            return self.sample_every
+        return self.profiling_interval
 
     @property
     def measures_backward(self) -> bool:
@@ -103,8 +134,27 @@ class ComputeTimer:
         """
         original = getattr(module, method)
         timer = self
+        clock = time.perf_counter
 
         def timed_forward(*args: Any, **kwargs: Any) -> Any:
+            if timer._fast:
+                # The common step, kept to a few attribute accesses (the goal is under 2 us per step
+                # in median, the gradient hook's call from the autograd engine included).
+                countdown = timer._countdown - 1
+                if countdown:
+                    timer._countdown = countdown
+                    output = original(*args, **kwargs)
+                    timer._mid = None  # this step's backward closes no sample
+                else:
+                    timer._countdown = timer.sample_every
+                    start = clock()
+                    output = original(*args, **kwargs)
+                    timer._mid = clock()
+                    timer._fwd_start = start
+                steps = timer.steps = timer.steps + 1
+                if steps >= timer.notify_step and timer.on_step_end is not None:
+                    timer.on_step_end(steps)
+                return output
             timer._forward_start()
             output = original(*args, **kwargs)
             timer._forward_end()
@@ -117,7 +167,32 @@ class ComputeTimer:
             for index, param in enumerate(self._params):
                 self._grad_handles.append(param.register_post_accumulate_grad_hook(self._learner(index)))
             self._measures_backward = True
+        self._backward_end = self._make_backward_end()
+        self._update_fast()
         return self._measures_backward
+
+    def _make_backward_end(self) -> Callable[[Any], None]:
+        """The gradient hook on the last parameter: closes the pending step's sample."""
+        timer, append, clock = self, self._stamps.append, time.perf_counter
+
+        def backward_end(param: Any) -> None:
+            mid = timer._mid
+            if mid is not None:
+                timer._mid = None
+                append(timer._fwd_start)
+                append(mid)
+                append(clock())
+            elif timer._pending is not None:
+                start, mid_event = timer._pending
+                timer._pending = None
+                timer._events.append((start, mid_event, timer._now()))
+        return backward_end
+
+    def _update_fast(self) -> None:
+        """Take the fast path in the forward wrapper while nothing but the sample is to do: wall clock,
+        every step measured, the last gradient learned, no step to leave out."""
+        self._fast = (not self.use_cuda and self.profiling_interval == 1 and self._measures_backward
+                      and self._last_param is not None and not self._skip and not self._learning)
 
     def detach(self) -> None:
         """Remove the forward wrapper and the gradient hooks."""
@@ -147,6 +222,7 @@ class ComputeTimer:
         self._last_param = self._params[last]
         self._grad_handles = [self._last_param.register_post_accumulate_grad_hook(self._backward_end)]
         log.debug("straggler detection: the backward ends with parameter %d of %d", last, len(self._params))
+        self._update_fast()
 
     # ------------------------------------------------------------------ per step
 
@@ -172,36 +248,36 @@ class ComputeTimer:
                     handle.remove()
                 self._grad_handles.clear()
         self._start = self._now() if profiled else None
-        self._forward_done = None
+        self._pending = self._mid = None
 
     def _forward_end(self) -> None:
         self.steps += 1
         if self._skip:
             self._skip -= 1
         elif self._start is not None:
-            self._forward_done = self._now()
             if not self._measures_backward:
-                self._record(None)
-        if self.on_step_end is not None:
+                self._record_forward_only(self._start, self._now())
+            elif self.use_cuda:
+                self._pending = (self._start, self._now())
+            else:
+                self._fwd_start, self._mid = self._start, self._now()
+        self._start = None
+        self._update_fast()
+        if self.steps >= self.notify_step and self.on_step_end is not None:
             self.on_step_end(self.steps)
 
-    def _backward_end(self, param: Any) -> None:
-        if self._forward_done is not None:
-            self._record(self._now())
-
-    def _record(self, end: Any) -> None:
-        start, forward_done = self._start, self._forward_done
-        self._start = self._forward_done = None
+    def _record_forward_only(self, start: Any, end: Any) -> None:
         if self.use_cuda:
-            self._events.append((start, forward_done, end if end is not None else forward_done))
+            self._events.append((start, end, end))
         else:
-            self._samples.append((forward_done - start, 0.0 if end is None else end - forward_done))
+            self._stamps.extend((start, end, end))
 
     def skip_next(self, steps: int = 1) -> None:
         """Leave the next ``steps`` steps out, and the one in progress (the first step after a
         checkpoint or an evaluation is often slower: caches, allocator, loader workers)."""
         self._skip = max(self._skip, steps)
-        self._start = self._forward_done = None
+        self._start = self._pending = self._mid = None
+        self._fast = False
 
     def record(self, seconds: float) -> None:
         """Add a sample measured elsewhere (a detection section), in seconds, as forward time."""
@@ -214,5 +290,10 @@ class ComputeTimer:
             self._samples.extend((start.elapsed_time(mid) / 1000.0, mid.elapsed_time(end) / 1000.0)
                                  for start, mid, end in self._events)
             self._events.clear()
+        stamps = self._stamps
+        if stamps:
+            self._samples.extend((stamps[i + 1] - stamps[i], stamps[i + 2] - stamps[i + 1])
+                                 for i in range(0, len(stamps), 3))
+            del stamps[:]  # in place: the gradient hook holds its append
         samples, self._samples = self._samples, []
         return samples

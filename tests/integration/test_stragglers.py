@@ -140,6 +140,10 @@ def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_tra
     assert any(e["consecutive"] >= 2 for e in replace), replace
     requests = events_of(b_events, "control_request")
     assert requests and requests[0]["action"] == "ExcludeThisNode", requests
+    # b's launcher SIGKILLs its workers and leaves at once: a SIGTERM gave Lightning's SIGTERM
+    # handling (or a graceful stop) the --term-timeout (30 s) first, and a waited that long
+    left = events_of(b_events, "result")[-1]["ts"] - requests[0]["ts"]
+    assert left < 10, f"b's launcher left {left:.1f} s after the ExcludeThisNode request"
     resumed = re.findall(r"fit starts from (\S+)", out["a"])
     assert resumed[-1].endswith("last.ckpt"), resumed
     assert "fit done: 150 steps" in out["a"]
@@ -147,11 +151,13 @@ def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_tra
 
 def test_a_hand_written_loop_finds_the_slow_rank_through_ft_integration(tmp_path: Path) -> None:
     # ft_core.integration.straggler_detection() in a plain DDP loop (no Lightning): 3 ranks, rank 1's
-    # forward 1.5x slower; it alone is flagged, from the first report on.
+    # forward 1.5x slower; it alone is flagged, from the second report on (the first, at step 10, has
+    # too few samples to score: one step in three is sampled).
     worker = str(Path(__file__).resolve().parents[1] / "workers" / "straggler_loop.py")
     result = run_launcher(["--standalone", "--nproc-per-node", "3", "--max-restarts", "0", *NULL_HEARTBEATS,
                            worker, "60", "1"], timeout=120)
     assert result.returncode == 0, result.stderr[-4000:]
     reports = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(reports) >= 2, result.stdout + result.stderr[-3000:]
-    assert all(r["relative"] == [1] for r in reports), reports
+    assert reports[0]["relative"] in ([], [1]), reports
+    assert all(r["relative"] == [1] for r in reports[1:]), reports

@@ -87,6 +87,8 @@ def test_detector_plain_loop_reports_at_the_agreed_step() -> None:
     Detector.initialize(report_time_interval=0.05, scores_to_compute="all")
     try:
         assert Detector.instrument(model) is True  # forward, and backward to the last gradient
+        # every step sampled, so that the first report (at step 10) has enough samples to score
+        Detector._engine.timer.sample_every = 1
         reports = []
         for _ in range(40):
             with Detector.detection_section("step"):
@@ -120,3 +122,50 @@ def test_the_timer_measures_every_nth_step_with_both_phases() -> None:
     assert all(forward > 0 and backward > 0 for forward, backward in samples)
     timer.detach()
     assert "forward" not in model.__dict__  # the instance's wrapper is gone
+
+
+def test_the_wall_clock_timer_samples_one_step_in_three_and_leaves_skipped_steps_out() -> None:
+    import statistics
+    import time
+
+    from ft_core.straggler.timing import WALL_CLOCK_SAMPLE_EVERY, ComputeTimer
+
+    class Slow(torch.nn.Module):
+        """A forward of about 2 ms and a backward of about 4 ms (a hook sleeps), so the phases are told apart."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(2))
+            self.weight.register_hook(self._slow_backward)
+
+        @staticmethod
+        def _slow_backward(grad: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.004)
+            return grad
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.002)
+            return (self.weight * x).sum()
+
+    model = Slow()
+    timer = ComputeTimer(use_cuda=False)
+    assert timer.attach(model) and timer.steps_per_sample == WALL_CLOCK_SAMPLE_EVERY == 3
+    for _ in range(4):  # the learning backwards
+        model(torch.ones(2)).backward()
+    timer.take_samples()
+    assert timer._fast  # the common path from here on
+    for _ in range(30):
+        model(torch.ones(2)).backward()
+    samples = timer.take_samples()
+    assert len(samples) == 10, samples
+    forwards, backwards = [f for f, _ in samples], [b for _, b in samples]
+    # medians: one step of a loaded machine may stall in either phase
+    assert 0.0018 < statistics.median(forwards) < statistics.median(backwards) and min(backwards) > 0.0036, samples
+    timer.skip_next(6)
+    for _ in range(6):
+        model(torch.ones(2)).backward()
+    assert timer.take_samples() == []
+    for _ in range(9):
+        model(torch.ones(2)).backward()
+    assert len(timer.take_samples()) == 3
+    timer.detach()
