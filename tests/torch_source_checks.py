@@ -676,11 +676,25 @@ def check_membership(src: TorchSource) -> Iterator[str]:
             yield f"RendezvousSettings has no {name} (launcher/membership.py reads it)"
 
 
+C10D_RENDEZVOUS_BACKEND = "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
+
+
+def check_store_counter(src: TorchSource) -> Iterator[str]:
+    """launcher/store_counter.py (FT_STORE_COUNTS) swaps the store under torch's dynamic rendezvous:
+    the handler's ``_store``, the state holder's ``_backend`` and the c10d backend's ``_store``."""
+    wanted = ((DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler", "_store"),
+              (DYNAMIC_RENDEZVOUS, "_BackendRendezvousStateHolder", "_backend"),
+              (C10D_RENDEZVOUS_BACKEND, "C10dRendezvousBackend", "_store"))
+    for module, cls, name in wanted:
+        if name not in self_attributes_assigned(src.cls(module, cls)):
+            yield f"{cls} no longer keeps self.{name} (launcher/store_counter.py swaps the store there)"
+
+
 CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (
     check_hooks, check_start_workers_hands_us_envs, check_stop_workers, check_shutdown_timeout,
     check_invoke_run, check_private_attributes, check_data_we_read, check_environment_variables,
     check_launch_agent, check_launch_config, check_torchrun, check_our_imports, check_rendezvous_poll,
-    check_c10d_read_timeout, check_membership,
+    check_c10d_read_timeout, check_membership, check_store_counter,
 )
 
 

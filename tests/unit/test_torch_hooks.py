@@ -381,6 +381,17 @@ def test_static_checks_find_a_changed_hook(tmp_path):
     assert len(problems) == 1 and "_setup_local_watchdog" in problems[0], problems
 
 
+def test_static_checks_find_a_renamed_store_of_the_c10d_backend(tmp_path):
+    # launcher/store_counter.py (FT_STORE_COUNTS) swaps C10dRendezvousBackend._store
+    shutil.copytree(TORCH_SOURCES / "torch" / "distributed", tmp_path / "torch" / "distributed")
+    backend = tmp_path / "torch" / "distributed" / "elastic" / "rendezvous" / "c10d_rendezvous_backend.py"
+    text = backend.read_text()
+    assert "self._store = store" in text
+    backend.write_text(text.replace("self._store = store", "self._the_store = store"))
+    problems = run_checks(tmp_path)
+    assert any(p.startswith("check_store_counter") and "C10dRendezvousBackend" in p for p in problems), problems
+
+
 def test_torchs_log_lines_that_name_a_pid_are_the_ones_we_rewrite():
     # launcher.agent._WorkerPidLogFilter makes these name the worker's own pid (under warm
     # restarts torch knows only the stand-in): the messages and argument positions must be torch's.
