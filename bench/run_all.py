@@ -487,22 +487,31 @@ def render_straggler(result: dict, peer: bool) -> list[str]:
         return of([r[key] for r in runs[interval]], 2)
 
     return [title,
-            "`bench/straggler_overhead.py`, one process, ABBA blocks: a tiny module's call with and without the "
-            "timer's forward wrapper, and a whole one-rank gloo DDP step (forward, backward, all-reduce, SGD) with "
-            "and without `ComputeTimer` (forward wrapper, one gradient hook); added = median of the paired "
-            "differences. The timer's own calls are also timed alone (a hot loop). With `profiling_interval=10` "
-            "the gradient hook is there on every 10th step only. The reference's `StragglerDetectionCallback` "
+            "`bench/straggler_overhead.py`, one process, CPU time of the process per step (`time.process_time`: "
+            "robust to the machine's load), ABBA blocks with the same model attached to `ComputeTimer` and "
+            "detached block by block; added = median of the paired differences. Three steps: a module call "
+            "(forward wrapper only, no backward), the smallest step with a backward (one parameter: the "
+            "wrapper and the gradient hook, as the autograd engine calls it) and a whole one-rank gloo DDP step "
+            "(forward, backward, all-reduce, SGD). The timer's own Python code is also timed alone (a hot loop "
+            "of the wrapper around a no-op and the hook). With the wall clock and `profiling_interval=1` one "
+            "step in three is sampled (`WALL_CLOCK_SAMPLE_EVERY`); with `profiling_interval=10` every 10th step, "
+            "the gradient hook registered for it only. The reference's `StragglerDetectionCallback` "
             "cannot run on this CPU machine (its `Detector` needs CUDA: CUPTI, and `torch.cuda.synchronize()` "
             f"in every report). {len(runs['1'])} runs each.",
             "",
             "| measure | µs |",
             "| --- | --- |",
-            f"| timer's own calls per step (3 calls, hot loop) | {cell('timer_calls_us')} |",
-            f"| forward wrapper added to a module call | {cell('forward_wrapper_added_us')} |",
+            f"| timer's own code per step (hot loop) | {cell('timer_code_us')} |",
+            f"| forward wrapper added to a module call (no backward: every step timed) | "
+            f"{cell('forward_wrapper_added_us')} |",
             f"| module call without the wrapper | {cell('forward_call_us')} |",
+            f"| added to the smallest step with a backward, `profiling_interval=1` (default) | "
+            f"{cell('minimal_step_added_us')} |",
+            f"| smallest step without the timer | {cell('minimal_step_us')} |",
             f"| added to a whole DDP step, `profiling_interval=1` (default) | {cell('ddp_step_added_us')} |",
             f"| added to a whole DDP step, `profiling_interval=10` | {cell('ddp_step_added_us', '10')} |",
             f"| DDP step without the timer | {cell('ddp_step_us')} |",
+            f"| samples per step, `profiling_interval=1` | {cell('samples_per_step')} |",
             ""]
 
 
