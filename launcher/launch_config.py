@@ -31,13 +31,15 @@ from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config,
 
 from ft_core.wire.config import MAX_SECONDS, ConfigError, parse_seconds, parse_seconds_or_off
 from ft_core.wire.config_values import short_repr
-from launcher import exit_codes, rendezvous_poll
+from launcher import barrier_rendezvous, exit_codes, rendezvous_poll
 from launcher.options import UsageError, torchrun_default
 from launcher.path_checks import directory_problem
 from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
 from launcher.torch_compat import LAUNCH_CONFIG_FIELDS, WORKER_SPEC_FIELDS
 
 logger = logging.getLogger(__name__)
+
+barrier_rendezvous.register()  # --rdzv-backend ft-barrier, through torch's registry
 
 MAX_NPROC_PER_NODE = 1024
 """Bound of ``--nproc-per-node`` (each worker also gets a rank monitor process)."""
@@ -257,7 +259,10 @@ def ensure_run_id(config: Any) -> None:
 #   that comes later joins at the next restart (it is counted as waiting, which starts one).
 # With --nnodes N (MIN = MAX) the last call does not apply: the round completes when all N are in.
 RDZV_DEFAULTS = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "2"}
-RDZV_DEFAULT_BACKENDS = ("c10d",)
+RDZV_DEFAULT_BACKENDS = ("c10d", barrier_rendezvous.BACKEND)
+STORE_ON_ENDPOINT_BACKENDS = ("c10d", barrier_rendezvous.BACKEND)
+"""The backends whose store is a TCPStore on ``--rdzv-endpoint`` (torch's c10d backend makes it):
+its poll interval and store watchdog apply."""
 
 
 def apply_rendezvous_defaults(config: Any) -> list[str]:
@@ -273,7 +278,8 @@ def apply_rendezvous_defaults(config: Any) -> list[str]:
 def pop_poll_interval(config: Any) -> float | None:
     """``--rdzv-conf poll_interval=S`` (ft_launcher's own key, removed before torch sees the
     settings), else the default for ``--nnodes`` MAX: see :mod:`launcher.rendezvous_poll`.
-    None unless the job is a multi-node c10d one (nothing polls otherwise).
+    None unless the job is a multi-node c10d one (nothing polls otherwise), or an ft-barrier one
+    with ``poll_interval`` given (its own default is shorter: :mod:`launcher.barrier_rendezvous`).
 
     Raises:
         StartFailed: An invalid value (a usage error, exit 2).
@@ -284,7 +290,9 @@ def pop_poll_interval(config: Any) -> float | None:
                     else rendezvous_poll.parse_poll_interval(str(raw)))
     except ValueError as err:
         raise StartFailed(str(err), "invalid arguments", exit_codes.EXIT_USAGE) from None
-    return interval if config.rdzv_backend == "c10d" and config.max_nodes > 1 else None
+    if config.rdzv_backend == barrier_rendezvous.BACKEND and raw is None:
+        return None
+    return interval if config.rdzv_backend in STORE_ON_ENDPOINT_BACKENDS and config.max_nodes > 1 else None
 
 
 def pop_store_lost_timeout(config: Any) -> float:
@@ -384,7 +392,7 @@ def close_rendezvous(rdzv_handler: Any) -> None:
 
 def start_store_watchdog(config: Any, lost_after: float, on_lost: Callable[[str], None]) -> StoreWatchdog | None:
     """Start the watchdog of a multi-node c10d rendezvous store (none for --standalone, one node)."""
-    if lost_after <= 0 or config.rdzv_backend != "c10d" or config.max_nodes <= 1:
+    if lost_after <= 0 or config.rdzv_backend not in STORE_ON_ENDPOINT_BACKENDS or config.max_nodes <= 1:
         return None
     host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, default_port=C10D_DEFAULT_PORT)
     if port == 0:

@@ -21,6 +21,9 @@ from the rendezvous state which waiting nodes count:
   nodes whose launcher is alive) are fewer than ``--nnodes`` MIN: until then it is a spare and does
   not interrupt training; below the minimum the workload restarts with the spares.
 
+A handler with its own ``membership_view()`` (``--rdzv-backend ft-barrier``,
+:mod:`launcher.barrier_rendezvous`) answers these questions with counts instead of torch's state.
+
 A waiting node that does not count is a spare; each time the set of spares changes, one INFO line
 says so (``N node(s) wait as spares``). Where the state cannot be read (a handler without torch's
 dynamic-rendezvous state, a torch that changed it), the handler answers with torch's own count and
@@ -72,6 +75,8 @@ class MembershipHandler:
         """torch's ``next_rendezvous``; remembers the members of the round this node joined."""
         with store_counter.phase(store_counter.RENDEZVOUS):  # FT_STORE_COUNTS: what the rendezvous costs
             info = self._handler.next_rendezvous()
+        if self._has_view():
+            return info  # ft-barrier: its view tells restarting members apart itself (no state to read)
         members = self._read(lambda state: frozenset(state.participants))
         self.__dict__["_round_members"] = members
         self.__dict__["_spares"] = frozenset()
@@ -91,15 +96,23 @@ class MembershipHandler:
         if torch_count == 0:
             self.__dict__["_spares"] = frozenset()
             return 0
-        members = self._round_members
-        seen = self._read(lambda state: (frozenset(state.wait_list), len(state.participants)))
-        bounds = self._read_bounds()
-        if members is None or seen is None or bounds is None:
-            return torch_count
-        waiting, participants = seen
-        min_nodes, max_nodes = bounds
-        restarting = waiting & members
-        new = waiting - members
+        if self._has_view():  # ft-barrier (launcher.barrier_rendezvous): counts, cached with torch_count's read
+            view = self._handler.membership_view()
+            if view is None:
+                return torch_count
+            # stand-ins for the nodes (the view has counts only): the spares' line comes again when their number changes
+            restarting, new = range(view.waiting_members), frozenset(range(view.waiting_new))
+            participants, min_nodes, max_nodes = view.participants, view.min_nodes, view.max_nodes
+        else:
+            members = self._round_members
+            seen = self._read(lambda state: (frozenset(state.wait_list), len(state.participants)))
+            bounds = self._read_bounds()
+            if members is None or seen is None or bounds is None:
+                return torch_count
+            waiting, participants = seen
+            min_nodes, max_nodes = bounds
+            restarting = waiting & members
+            new = waiting - members
         # participants: the nodes of the round whose launcher is alive (torch drops a node from
         # the state once its keep-alive expired; an excluded or stopped node leaves that way)
         limit, limit_name = (min_nodes, "MIN") if self._min_healthy else (max_nodes, "MAX")
@@ -120,8 +133,16 @@ class MembershipHandler:
         """The ranks in this round of the nodes whose launcher is alive (torch drops a node from the
         round's participants once its keep-alive expired), as of the state's last sync (every
         poll of :meth:`num_nodes_waiting`); None if the state cannot be read."""
+        if self._has_view():
+            view = self._handler.membership_view()
+            return view.live_ranks if view is not None else None
         ranks = self._read(lambda state: frozenset(state.participants.values()))
         return frozenset(r for r in ranks if isinstance(r, int)) if ranks is not None else None
+
+    def _has_view(self) -> bool:
+        """Whether the handler answers for itself (``membership_view()``, e.g. ft-barrier's: waiting
+        members and new nodes as counts, live members; None before its first round)."""
+        return callable(getattr(self._handler, "membership_view", None))
 
     def _read(self, read: Any) -> Any:
         """``read(state)`` on torch's rendezvous state under the handler's lock; None if unreadable."""

@@ -93,6 +93,10 @@ def apply_to_handler(handler: Any, poll_interval: float) -> bool:
     Returns False (and logs why) when the handler is not torch's dynamic rendezvous handler with
     a cached state holder (another backend): it is then left as it is.
     """
+    own = getattr(handler, "set_poll_interval", None)
+    if callable(own):  # ft-barrier (launcher.barrier_rendezvous): its own polls, no torch state to cache
+        own(poll_interval)
+        return True
     holder = getattr(handler, "_state_holder", None)
     if holder is None or not isinstance(getattr(holder, "_cache_duration", None), (int, float)):
         logger.info("the rendezvous handler %s has no cached state holder; its polling is left as it is",
