@@ -453,7 +453,7 @@ class StoreLost(EventRecord):
     EVENT: ClassVar[str] = "store_lost"
 
     reason: str | None = _f(
-        doc="the store's host has not accepted a connection for `store_lost_timeout`: the store watchdog, "
+        doc="the store has not been reachable for `store_lost_timeout`: the store watchdog, "
             "[multinode.md](multinode.md#the-store-watchdog)")
 
 

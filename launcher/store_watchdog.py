@@ -6,16 +6,31 @@ silent (powered off, cut off the network) every store operation waits for its ti
 after the other (60 s each by default), and the launcher never ends: measured here, the other
 nodes were still waiting after 300 s (docs/multinode.md).
 
-The watchdog opens a fresh TCP connection to the endpoint every ``interval`` seconds, bounded by
-``connect_timeout``. When none succeeded for ``lost_after`` seconds it calls ``on_lost`` (on its
-thread), which ends the launcher with a failure: the job can then be requeued without that
-node. A shorter outage (a brief partition, a busy host) is no loss. ``lost_after`` is set with
-``--rdzv-conf store_lost_timeout=SECONDS`` (an ft_launcher key, not torch's; 0 turns it off).
+The watchdog holds one TCP connection to the endpoint, with the kernel's TCP keep-alive on it
+(a probe every second once it has been idle a second). It never sends anything, so the store
+server does no work for it: each node's watchdog costs one accepted connection per job, not one
+per probe (a new connection every second from every node stalled the server at 64 nodes here: the
+server resolves each client's host name as it accepts it, which took 5 s in this sandbox). The
+connection tells the two ways a store goes away:
+
+* the store's process is gone, its host is up: the host's kernel resets the connection at once;
+  the watchdog then reconnects every ``interval`` seconds, each try bounded by ``connect_timeout``;
+* the host is silent (powered off, cut off the network): the keep-alive probes go unanswered and
+  the kernel gives up on the connection after about ``lost_after`` seconds.
+
+When the store has been unreachable for ``lost_after`` seconds (no connection, or a connection
+the kernel found dead) it calls ``on_lost`` (on its thread), which ends the launcher with a
+failure: the job can then be requeued without that node. A shorter outage (a brief partition, a
+busy host) is no loss: a keep-alive probe answered late keeps the connection. ``lost_after`` is set
+with ``--rdzv-conf store_lost_timeout=SECONDS`` (an ft_launcher key, not torch's; 0 turns it off).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
+import select
 import socket
 import threading
 import time
@@ -44,27 +59,83 @@ class StoreWatchdog:
     def stop(self) -> None:
         self._stop.set()
 
-    def _probe(self) -> str | None:
-        """None when the endpoint accepted a connection, else why not."""
+    def _connect(self) -> tuple[socket.socket | None, str | None]:
+        """A connection to the endpoint with keep-alive probes that give up after about
+        ``lost_after`` seconds of silence, or (None, why not)."""
         store_counter.count_connection()
         try:
-            with socket.create_connection((self.host, self.port), timeout=self._connect_timeout):
-                return None
+            sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
         except OSError as err:
-            return f"{type(err).__name__}: {err}"
+            return None, f"{type(err).__name__}: {err}"
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        if all(hasattr(socket, name) for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")):
+            # idle 1 s, then a probe a second: dead after 1 + count seconds without an answer
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, self._keepalive_count())
+        sock.setblocking(False)
+        return sock, None
+
+    def _keepalive_count(self) -> int:
+        return max(1, math.ceil(self.lost_after) - 1)
+
+    def _silent_for(self) -> float:
+        """How long the host was silent when the kernel gave up on the connection (ETIMEDOUT)."""
+        return 1.0 + self._keepalive_count()
+
+    def _watch(self, sock: socket.socket) -> tuple[bool, str | None]:
+        """Wait up to ``interval`` for news from the connection.
+
+        Returns:
+            (True, None) while it stands; (False, why) once the peer closed or reset it, or the
+            kernel gave up on it (why then starts with ``ETIMEDOUT``).
+        """
+        try:
+            readable, _, _ = select.select([sock], [], [], self._interval)
+        except (OSError, ValueError) as err:
+            return False, f"{type(err).__name__}: {err}"
+        if not readable:
+            return True, None
+        try:
+            data = sock.recv(256)
+        except BlockingIOError:
+            return True, None
+        except OSError as err:
+            if err.errno == errno.ETIMEDOUT:
+                return False, f"ETIMEDOUT: no answer to TCP keep-alive probes for {self._silent_for():.0f} s"
+            return False, f"{type(err).__name__}: {err}"
+        return (True, None) if data else (False, "the store closed the connection")
 
     def _run(self) -> None:
         last_ok = time.monotonic()
-        while not self._stop.wait(self._interval):
-            why = self._probe()
-            now = time.monotonic()
-            if why is None:
-                last_ok = now
-                continue
-            if self._stop.is_set():
-                return
-            logger.debug("rendezvous store %s:%s did not answer: %s", self.host, self.port, why)
-            if now - last_ok >= self.lost_after:
-                self._on_lost(f"the rendezvous store at {self.host}:{self.port} has not accepted a "
-                              f"connection for {now - last_ok:.1f} s (last error: {why})")
-                return
+        sock: socket.socket | None = None
+        why: str | None = None
+        try:
+            while not self._stop.is_set():
+                if sock is None:
+                    sock, why = self._connect()
+                    if sock is None:
+                        self._stop.wait(self._interval)
+                    else:
+                        last_ok = time.monotonic()
+                        continue
+                else:
+                    alive, why = self._watch(sock)
+                    if alive:
+                        last_ok = time.monotonic()
+                        continue
+                    sock.close()
+                    sock = None
+                    if why and why.startswith("ETIMEDOUT"):
+                        last_ok = min(last_ok, time.monotonic() - self._silent_for())
+                if self._stop.is_set():
+                    return
+                now = time.monotonic()
+                logger.debug("rendezvous store %s:%s: %s", self.host, self.port, why)
+                if now - last_ok >= self.lost_after:
+                    self._on_lost(f"the rendezvous store at {self.host}:{self.port} has not been reachable "
+                                  f"for {now - last_ok:.1f} s (last error: {why})")
+                    return
+        finally:
+            if sock is not None:
+                sock.close()

@@ -66,12 +66,37 @@ def test_watchdog_reports_a_store_that_stops_accepting_connections():
     dog.start()
     time.sleep(0.6)
     assert not lost  # accepting: no loss
-    server.close()
+    server.close()  # resets the watchdog's connection; every new one is refused
     deadline = time.monotonic() + 5
     while not lost and time.monotonic() < deadline:
         time.sleep(0.05)
     dog.stop()
-    assert lost and f"127.0.0.1:{port}" in lost[0] and "has not accepted a connection" in lost[0]
+    assert lost and f"127.0.0.1:{port}" in lost[0] and "has not been reachable" in lost[0]
+
+
+def test_watchdog_holds_one_connection_and_reconnects_when_the_store_closes_it():
+    # A new connection per probe from every node stalled the store server at 64 nodes (it resolves
+    # each client's host name as it accepts it): the watchdog keeps one, with TCP keep-alive on it.
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(5)
+    port = server.getsockname()[1]
+    lost: list[str] = []
+    dog = StoreWatchdog("127.0.0.1", port, lost_after=2, on_lost=lost.append, interval=0.05, connect_timeout=0.5)
+    dog.start()
+    try:
+        first, _ = server.accept()
+        server.settimeout(1.0)  # 20 probe intervals: a watchdog that connects per probe is caught here
+        with pytest.raises(TimeoutError):
+            server.accept()
+        first.close()  # the store closes it (its host is up): the watchdog reconnects at once
+        server.settimeout(5)
+        second, _ = server.accept()
+        second.close()
+        server.accept()[0].close()
+        assert not lost
+    finally:
+        dog.stop()
+        server.close()
 
 
 def test_the_poll_interval_grows_with_the_node_count_up_to_torchs_second():
