@@ -711,6 +711,15 @@ class FaultTolerantAgent(LocalElasticAgent):
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         # torch's LocalElasticAgent._stop_workers is `self._shutdown()` with its default 30 s
         # (test_torch_hooks checks); our stops between cycles take --term-timeout instead.
+        if self._phase is AgentPhase.EXCLUDED:
+            # This node leaves and the others go on: its ranks must take part in no further
+            # collective. A SIGTERM would let a rank's graceful-stop handler (ours, Lightning's)
+            # propose a stop that every rank agrees to, ending the whole job "successfully" (seen
+            # on the cluster with the straggler replace action). SIGKILL makes the peers'
+            # collectives fail at once, so they restart, with a spare in this node's place.
+            logger.info("this node leaves the job: its workers are stopped with SIGKILL (no graceful stop)")
+            self._shutdown(signal.SIGKILL, timeout=0.0)
+            return
         self._shutdown(timeout=self._term_timeout)
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: float | None = None) -> None:

@@ -18,6 +18,12 @@ first cycle of the first attempt only. ``--fail-on-attempt A``: rank 0 exits 1 a
 autoresume attempt A. ``--crash-marker PATH``: a rank whose node finds the file PATH (``{node}``
 replaced by its name: a marker in that node's view only) raises at ``--crash-step`` in every cycle
 and attempt, a bad node.
+
+Straggler detection (off by default): ``--straggler-interval S`` runs
+``ft_core.integration.straggler_detection`` with ``action="replace"`` (reports every S seconds, a node
+flagged in ``--straggler-replace-after`` reports in a row leaves at the next checkpoint).
+``--compute-iters N`` gives the forward real CPU work (N matmuls of 128x128, one thread), so that
+a CPU cap on a node (``fault.sh cpuslow``) slows its rank's compute; without it the step is a sleep.
 """
 
 from __future__ import annotations
@@ -58,7 +64,32 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--crash-step", type=int, default=15)
     p.add_argument("--payload", type=int, default=1024,
                    help="floats all-reduced per step on top of the gradients (link load)")
+    p.add_argument("--compute-iters", type=int, default=0,
+                   help="128x128 matmuls in each forward: CPU work a CPU cap slows (0: none)")
+    p.add_argument("--straggler-interval", type=float, default=0.0,
+                   help="seconds between straggler reports, with action replace (0: no straggler detection)")
+    p.add_argument("--straggler-replace-after", type=int, default=3,
+                   help="reports in a row a node must be flagged in before it leaves")
     return p.parse_args()
+
+
+class Net(nn.Module):
+    """The tiny model, with ``compute_iters`` matmuls of fixed work in its forward (the compute
+    straggler detection times; the matmuls carry no gradient, so the backward stays tiny)."""
+
+    def __init__(self, compute_iters: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 1)
+        self.compute_iters = compute_iters
+        self.work = torch.randn(128, 128) / 128 ** 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.compute_iters:
+            with torch.no_grad():
+                y = self.work
+                for _ in range(self.compute_iters):
+                    y = torch.tanh(y @ self.work)
+        return self.linear(x)
 
 
 class Timeline:
@@ -97,13 +128,30 @@ def main() -> int:
     dist.init_process_group("gloo")
     collectives = TorchDistributedCollectives()
     torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Linear(16, 1))
+    if args.compute_iters:
+        torch.set_num_threads(1)  # fixed work on one core: a cap on the node slows it, not the thread count
+    model = DistributedDataParallel(Net(args.compute_iters))
+    stragglers = None
+    if args.straggler_interval > 0:
+        import logging
+
+        import ft_core.integration as ft_integration
+
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")  # the report lines
+
+        # Relative score only: every node shares this machine's cores, so each rank's own speed
+        # moves with the load (the individual score's business), the ratio to the others does not.
+        # min_samples 5: a report of a few seconds still gets a score when the steps are slow.
+        stragglers = ft_integration.straggler_detection(
+            report_time_interval=args.straggler_interval, individual_threshold=None, action="replace",
+            replace_after=args.straggler_replace_after, node_name=NODE, num_to_print=3, min_samples=5)
+        stragglers.instrument(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     ckpt_dir = args.run_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     start, state = latest_checkpoint(ckpt_dir)
     if state is not None:
-        model.module.load_state_dict(state["model"])
+        model.module.linear.load_state_dict(state["model"])
     flag = torch.zeros(1 + args.payload)
     dist.all_reduce(flag)
     timeline.write("pg_ready", step=start, world_size=dist.get_world_size())
@@ -114,7 +162,7 @@ def main() -> int:
         name = f"step_{step:06d}.pt"
         import io
         buf = io.BytesIO()
-        torch.save({"step": step, "model": model.module.state_dict()}, buf)
+        torch.save({"step": step, "model": model.module.linear.state_dict()}, buf)
         atomic_write_bytes(str(ckpt_dir / name), buf.getvalue())
         atomic_write_text(str(ckpt_dir / "latest"), name)
         timeline.write("saved", step=step)
@@ -148,8 +196,15 @@ def main() -> int:
             dist.destroy_process_group()
             client.shutdown_workload_monitoring()
             return 0
+        if stragglers is not None:
+            outcome = stragglers.on_training_step_end()  # every rank; a collective at report steps
+            if outcome is not None and rank == 0:
+                timeline.write("straggler_report", step=step, nodes=sorted(outcome.nodes),
+                               replace=sorted(outcome.replace_nodes))
         if step % args.save_every == 0:
             save(step)
+            if stragglers is not None:
+                stragglers.on_checkpoint_saved()  # a node to be replaced leaves here (its launcher SIGKILLs it)
         time.sleep(args.step_time)
     save(step)
     timeline.write("done", step=step)
