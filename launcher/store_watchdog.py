@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 
 STORE_LOST_KEY = "store_lost_timeout"
 DEFAULT_STORE_LOST_TIMEOUT = 10.0
+MAX_KEEPALIVE_PROBES = 127
+"""Linux's bound on TCP_KEEPCNT."""
 
 
 class StoreWatchdog:
@@ -67,21 +69,29 @@ class StoreWatchdog:
             sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
         except OSError as err:
             return None, f"{type(err).__name__}: {err}"
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        if all(hasattr(socket, name) for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")):
-            # idle 1 s, then a probe a second: dead after 1 + count seconds without an answer
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, self._keepalive_count())
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if all(hasattr(socket, name) for name in ("TCP_KEEPIDLE", "TCP_KEEPINTVL", "TCP_KEEPCNT")):
+                count, interval = self._keepalive()
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+        except OSError as err:  # the connection still tells a reset; a silent host then waits for TCP's own timeouts
+            logger.warning("store watchdog: cannot set TCP keep-alive on the connection to %s:%s (%s); a silent "
+                           "store host is found later", self.host, self.port, err)
         sock.setblocking(False)
         return sock, None
 
-    def _keepalive_count(self) -> int:
-        return max(1, math.ceil(self.lost_after) - 1)
+    def _keepalive(self) -> tuple[int, int]:
+        """(probes, seconds between probes) so that idle 1 s + probes x seconds is about ``lost_after``
+        (Linux takes at most 127 probes)."""
+        count = min(MAX_KEEPALIVE_PROBES, max(1, math.ceil(self.lost_after) - 1))
+        return count, max(1, math.ceil((self.lost_after - 1) / count))
 
     def _silent_for(self) -> float:
         """How long the host was silent when the kernel gave up on the connection (ETIMEDOUT)."""
-        return 1.0 + self._keepalive_count()
+        count, interval = self._keepalive()
+        return 1.0 + count * interval
 
     def _watch(self, sock: socket.socket) -> tuple[bool, str | None]:
         """Wait up to ``interval`` for news from the connection.

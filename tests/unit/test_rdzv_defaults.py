@@ -81,7 +81,8 @@ def test_watchdog_holds_one_connection_and_reconnects_when_the_store_closes_it()
     server.settimeout(5)
     port = server.getsockname()[1]
     lost: list[str] = []
-    dog = StoreWatchdog("127.0.0.1", port, lost_after=2, on_lost=lost.append, interval=0.05, connect_timeout=0.5)
+    # lost_after beyond what TCP_KEEPCNT takes (127 probes): the probes are spaced instead
+    dog = StoreWatchdog("127.0.0.1", port, lost_after=3600, on_lost=lost.append, interval=0.05, connect_timeout=0.5)
     dog.start()
     try:
         first, _ = server.accept()
