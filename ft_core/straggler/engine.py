@@ -140,8 +140,9 @@ class StragglerEngine:
         rows = self.exchange.gather(row)
         if not self.rank_to_node:
             self.rank_to_node = dict(enumerate(self.exchange.gather_objects(self.node_name)))
-        # An interval shorter than min_samples measured steps could never be scored.
-        floor = float(self.min_samples * self.timer.steps_per_sample)
+        # An interval shorter than min_samples measured steps could never be scored; the margin
+        # covers the steps left out after a checkpoint or an evaluation inside the interval.
+        floor = float((self.min_samples + max(2, self.min_samples // 4)) * self.timer.steps_per_sample)
         seconds = self.exchange.advance(steps, [max(r[5], floor) for r in rows])
         self.timer.notify_step = self.exchange.next_step
         phases = [{rank: RankTiming(median_s=r[i], best_s=r[i + 1], samples=int(r[4])) for rank, r in enumerate(rows)}

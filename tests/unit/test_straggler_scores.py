@@ -169,3 +169,25 @@ def test_the_wall_clock_timer_samples_one_step_in_three_and_leaves_skipped_steps
         model(torch.ones(2)).backward()
     assert len(timer.take_samples()) == 3
     timer.detach()
+
+
+def test_an_interval_at_its_shortest_with_checkpoints_in_it_is_still_scored() -> None:
+    # The report interval has a floor in steps (min_samples samples); steps left out after a
+    # checkpoint must not leave it short of min_samples, or every report at the floor goes unscored.
+    from ft_core.straggler.engine import StragglerEngine
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+    engine = StragglerEngine(report_time_interval=1e-6)  # every proposal is under the floor
+    assert engine.timer.attach(model)
+    reports = []
+    for step in range(1, 200):
+        model(torch.randn(4, 8)).sum().backward()
+        if engine.exchange.due(engine.timer.steps):
+            reports.append(engine.report())
+        if step % 10 == 0:  # a checkpoint every 10 steps: the next step is left out
+            engine.timer.skip_next()
+    engine.timer.detach()
+    later = reports[1:]  # the first, at step 10, comes before enough samples
+    assert len(later) >= 4, [r.steps for r in reports]
+    unscored = [r.steps for r in later if not r.gpu_relative_perf_scores]
+    assert not unscored, f"intervals of {unscored} steps were not scored"
