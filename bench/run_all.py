@@ -19,6 +19,8 @@ Scenarios (``--only`` picks some; each is a script in ``bench/`` that prints JSO
   soak       bench/soak.py              >= 10 min 2-rank job with jitter under calculated timeouts:
                                         false kills and the detection latency of injected hangs
   straggler  bench/straggler_overhead.py per-step cost of straggler detection's measurement (paired)
+  scale      bench/scale.py             a restart of 64 and 128 simulated nodes (store operations, latency)
+                                        and of 16 real ft_launchers (recovered, nothing left behind)
 
 Raw results go to ``bench/results/<UTC time>.json`` and each scenario's output to
 ``bench/results/logs/`` (git-ignored). ``--quick`` runs few, short repetitions (to check that
@@ -50,9 +52,11 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, kill_descendants, summarize  # noqa: E402
-from bench.scale import DOC_SECTION as SCALE_SECTION  # noqa: E402
+from bench.scale import DOC_HISTORY as SCALE_HISTORY  # noqa: E402
+from bench.scale import DOC_INTRO as SCALE_INTRO  # noqa: E402
+from bench.scale import DOC_TITLE as SCALE_TITLE  # noqa: E402
 
-SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput", "soak", "straggler")
+SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput", "soak", "straggler", "scale")
 
 # Repetitions and sizes: (full, quick).
 SETTINGS = {
@@ -66,6 +70,7 @@ SETTINGS = {
     # The soak: >= 10 minutes with the default minimums; then a shorter run with the old ones.
     "soak_duration": (660.0, 150.0), "soak_old_duration": (240.0, 90.0),
     "straggler_reps": (3, 1), "straggler_blocks": (60, 10),
+    "scale_sim_nodes": ([64, 128], [64]), "scale_full_nodes": (16, 8),
 }
 SCENARIO_TIMEOUT_S = 1800
 
@@ -87,8 +92,10 @@ class Context:
     def setting(self, name: str) -> Any:
         return SETTINGS[name][1 if self.quick else 0]
 
-    def run_json(self, scenario: str, python: str, script: str, script_args: list[str]) -> dict:
-        """Run ``python bench/<script> <args> --json``; return the JSON object it printed last."""
+    def run_json(self, scenario: str, python: str, script: str, script_args: list[str],
+                 any_exit: bool = False) -> dict:
+        """Run ``python bench/<script> <args> --json``; return the JSON object it printed last (with
+        ``any_exit``, also when the script exited non-zero: its JSON then says what failed)."""
         command = [python, str(REPO / "bench" / script), *script_args, "--json"]
         shown = " ".join(_display(c) for c in _without_log_args(command))
         self.commands.setdefault(scenario, [])
@@ -118,7 +125,7 @@ class Context:
                     log.write(f"run_all: killed {len(left)} process(es) left behind: {left}\n".encode())
                 shutil.rmtree(tmp, ignore_errors=True)
             log.write(out)
-        if proc.returncode != 0:
+        if proc.returncode != 0 and not any_exit:
             raise RuntimeError(f"{shown} exited with {proc.returncode} (see {log_path})")
         for line in reversed(out.decode(errors="replace").splitlines()):
             with contextlib.suppress(ValueError):
@@ -252,10 +259,21 @@ def scenario_straggler(ctx: Context) -> dict:
     return {"runs": runs}
 
 
+def scenario_scale(ctx: Context) -> dict:
+    # ft-barrier only: torch's c10d rendezvous stalls at 64 simulated nodes (docs/benchmarks.md's history).
+    sim = ctx.run_json("scale", sys.executable, "scale.py",
+                       ["sim", "--backend", "ft-barrier", "--nodes", *map(str, ctx.setting("scale_sim_nodes"))])
+    # exit 1 when a node did not recover or something was left: the JSON says which, and the page shows it
+    full = ctx.run_json("scale", sys.executable, "scale.py",
+                        ["full", "--backend", "ft-barrier", "--nodes", str(ctx.setting("scale_full_nodes"))],
+                        any_exit=True)
+    return {"sim": sim.get("sim", []), "full": full.get("full", [])}
+
+
 RUNNERS: dict[str, Callable[[Context], dict]] = {
     "client": scenario_client, "hang": scenario_hang, "restart": scenario_restart,
     "footprint": scenario_footprint, "lightning": scenario_lightning, "goodput": scenario_goodput,
-    "soak": scenario_soak, "straggler": scenario_straggler,
+    "soak": scenario_soak, "straggler": scenario_straggler, "scale": scenario_scale,
 }
 
 
@@ -380,7 +398,8 @@ def render(data: dict) -> str:
         f"{meta['busy_after'] * 100:.0f}% just after (3 s samples, while no benchmark ran) |")
     add("")
     add("How to reproduce: `make bench` (ours and torchrun; about 9 min on this 2-core machine kind, "
-        "plus 16 min for the soak) or `make bench-peer` (the same plus NVRx 0.4.1, installed into `.venv-peer` "
+        "plus 16 min for the soak and 2-3 min for the scale runs) or `make bench-peer` (the same plus NVRx 0.4.1, "
+        "installed into `.venv-peer` "
         "on first use, 1.5 min; 16 min plus the soak) regenerate this page; "
         "`make bench BENCH_ARGS='--only restart goodput'` runs some scenarios (keeping the others' sections), "
         "`BENCH_ARGS=--quick` a short functional run. Each section lists the exact commands it ran: every "
@@ -394,7 +413,7 @@ def render(data: dict) -> str:
     add("")
     sections = [("client", render_client), ("hang", render_hang), ("restart", render_restart),
                 ("footprint", render_footprint), ("lightning", render_lightning), ("goodput", render_goodput),
-                ("soak", render_soak), ("straggler", render_straggler)]
+                ("soak", render_soak), ("straggler", render_straggler), ("scale", render_scale)]
     number = 0
     for key, fn in sections:
         if key not in results:
@@ -441,8 +460,6 @@ def render(data: dict) -> str:
     add("")
     for line in MULTINODE_SECTION:
         add(line)
-    for line in SCALE_SECTION:  # measured apart too (bench/scale.py)
-        add(line)
     return "\n".join(lines) + "\n"
 
 
@@ -452,27 +469,31 @@ MULTINODE_SECTION = (
     "## Reference: multi-node scale (node crash -> survivors back in the process group)",
     "",
     "Not run by `make bench`: it needs the multi-node SLURM cluster of `make test-cluster` "
-    "([multinode.md](multinode.md)). `bench/multinode_scale.py` on 4 cluster nodes sharing this "
-    "machine's 2 cores: N nodes with `--nnodes N-1:N`, one gloo rank per node; node N is crashed "
-    "(`fault.sh crash`); time until every survivor's new workers completed their first collective. "
-    "Warm: ft_launcher's default warm restarts; cold: `--no-warm-restarts`. One run each "
-    "(2026-11-23), load average next to each figure.",
+    "([multinode.md](multinode.md)). `bench/multinode_scale.py` on 4 cluster nodes sharing this machine's 2 "
+    "cores: N nodes with `--nnodes N-1:N`, one gloo rank per node; node N is crashed (`fault.sh crash`); "
+    "time until every survivor's new workers completed their first collective. Warm: ft_launcher's default "
+    "warm restarts; cold: `--no-warm-restarts`. One run each (2026-11-23, with `poll_interval`: `make "
+    "test-cluster`'s cluster, `SLURM_CLUSTER_NODES=4 start.sh`, then `.venv/bin/python "
+    "bench/multinode_scale.py`), load average next to each figure.",
     "",
     "| restart | nodes | crash -> survivors in the process group (s) | load (1 min) |",
     "|---|---|---|---|",
-    "| warm | 2 | 7.5 | 2.2 |",
-    "| warm | 3 | 8.8 | 2.4 |",
-    "| warm | 4 | 11.0 | 3.2 |",
-    "| cold | 2 | 9.3 | 2.6 |",
-    "| cold | 3 | 11.3 | 2.3 |",
-    "| cold | 4 | 14.7 | 2.4 |",
+    "| warm | 2 | 7.0 | 0.9 |",
+    "| warm | 3 | 7.3 | 1.7 |",
+    "| warm | 4 | 9.5 | 2.3 |",
+    "| cold | 2 | 8.6 | 2.7 |",
+    "| cold | 3 | 9.7 | 2.5 |",
+    "| cold | 4 | 10.2 | 2.4 |",
     "",
-    "Growth from 2 to 4 nodes: 1.47x warm, 1.58x cold (goal 1.5x). Each added node adds a launcher, "
-    "a monitor and a worker on the same 2 cores, so this grows with CPU contention more than with "
-    "the rendezvous. Where the time goes (3 nodes, the crash test): 0.4 s until the crash is seen, "
-    "3.5 s until the failure is decided (2 s of it waiting for the lost node's view of the failure), "
-    "2.5 s of rendezvous (the 2 s last call; the lost node's keep-alive expiry overlaps the wait), "
-    "2.7 s for the new workers' process group.",
+    "Growth from 2 to 4 nodes: 1.36x warm, 1.19x cold (goal 1.5x). Before `poll_interval` (torch's 1 s "
+    "rendezvous waits and cache; same day): 7.5 / 8.8 / 11.0 s warm, 9.3 / 11.3 / 14.7 s cold, 1.47x and "
+    "1.58x.",
+    "",
+    "Each added node adds a launcher, a monitor and a worker on the same 2 cores, so this grows with CPU "
+    "contention more than with the rendezvous. Where the time goes (3 nodes, the crash test): 0.4 s until "
+    "the crash is seen, 3.5 s until the failure is decided (2 s of it waiting for the lost node's view of "
+    "the failure), 2.5 s of rendezvous (the 2 s last call; the lost node's keep-alive expiry overlaps the "
+    "wait), 2.7 s for the new workers' process group (measured before `poll_interval`).",
     "",
 )
 
@@ -513,6 +534,97 @@ def render_straggler(result: dict, peer: bool) -> list[str]:
             f"| DDP step without the timer | {cell('ddp_step_us')} |",
             f"| samples per step, `profiling_interval=1` | {cell('samples_per_step')} |",
             ""]
+
+
+def _kb(n: int) -> str:
+    """Bytes as kB or MB (10^3, 10^6)."""
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
+def _leftovers(row: dict) -> str:
+    """What a full-launcher run left behind, or ``none``."""
+    parts = []
+    if row.get("left_behind"):
+        parts.append(f"{len(row['left_behind'])} process(es) alive")
+    if row.get("left_in_tmpdir"):
+        shown = ", ".join(f"`{p}`" for p in row["left_in_tmpdir"][:4])
+        parts.append(f"{len(row['left_in_tmpdir'])} entries in the launchers' TMPDIR ({shown})")
+    if row.get("new_shared_entries"):
+        parts.append("new " + ", ".join(f"`{p}`" for p in row["new_shared_entries"][:4]))
+    return "; ".join(parts) or "none"
+
+
+SCALE_ANCHOR = '<a id="scale"></a>'
+"""A link target that stays when the section's number changes (docs/launcher.md links to it)."""
+
+
+def render_scale(result: dict, peer: bool) -> list[str]:
+    title = SCALE_TITLE
+    if (err := _error_section(title, result)):
+        return [title, SCALE_ANCHOR, "", *err[1:-1], "", *SCALE_INTRO, *SCALE_HISTORY]
+    out = [title, SCALE_ANCHOR, "", *SCALE_INTRO,
+           "**Simulation** (`bench/scale.py sim --backend ft-barrier`): one TCPStore server alone in the bench's "
+           "process; per node ft_launcher's barrier rendezvous (`--rdzv-backend ft-barrier`) built by its own code, "
+           "its own store connection, the real `StoreChannel` and `StoreWatchdog` (one connection per node with "
+           "TCP keep-alive). Simulated: the agent loop and the failure (no workers; every node fails at once, "
+           "publishes a one-rank view, gathers the others' and joins the next round); nodes are threads in 8 "
+           "processes. After the first round the sim waits until the store is quiet (*settle*: every probe "
+           "answered within 0.1 s for 1 s), runs 3 s, then fails every node. Store operations of one failure "
+           "(fail -> every node in the next round; every phase: rendezvous, keep-alive, host names, views, "
+           "shutdown poll, the workers' store address), all nodes; bytes sent / received. One run per size.",
+           "",
+           "| nodes | store ops per failure: per node | total (bytes sent / received) | of which restart rendezvous "
+           "| views gathered (median / max) | restart rendezvous (median / max) | failure -> all nodes back (max) "
+           "| settle after the first round (slowest probe) | load (1 min) |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result.get("sim", []):
+        if "stalled" in row:
+            out.append(f"| {row['nodes']} | stalled: {row['stalled']} | | | | | | | {row['load1']:g} |")
+            continue
+        ops, sent, received = (sum(r[k] for r in row["failure"].values()) for k in range(3))
+        rdzv = row["failure"].get("rendezvous", [0, 0, 0])
+        settle = row.get("settle")
+        settled = ("-" if not settle else
+                   f"{settle['s']:.1f} s ({settle['slowest_probe_s']:.2f} s)" if settle["settled"]
+                   else f"not quiet within {settle['s']:.0f} s ({settle['slowest_probe_s']:.2f} s)")
+        n = row["nodes"]
+        views, rdzv1 = row["exchange_s"], row["rdzv1_s"]
+        out.append(f"| {n} | {ops / n:.1f} | {ops} ({_kb(sent)} / {_kb(received)}) "
+                   f"| {rdzv[0]} ({rdzv[0] / n:.1f}/node) | {views['median']:.2f} / {views['max']:.2f} s "
+                   f"| {rdzv1['median']:.2f} / {rdzv1['max']:.2f} s | {row['restart_s']['max']:.2f} s "
+                   f"| {settled} | {row['load1']:g} |")
+    out += ["",
+            "**Full launchers** (`bench/scale.py full --backend ft-barrier`): N real `ft_launcher`s on 127.0.0.1, "
+            "one gloo rank each (`tests/workers/ft_worker.py`), heartbeat timeout 3 s; the last node's rank hangs "
+            "in cycle 0. *Recovered*: the node ran 2 cycles and exited 0. *Left behind*, checked after every "
+            "launcher exited: a process of the run still alive (the launchers' sessions, and orphans re-parented "
+            "to the bench, a child subreaper), anything in the launchers' private `TMPDIR` (run directories, "
+            "sockets, temporary files), a new `/tmp/ft-*`, `/tmp/torchelastic_*` or `/dev/shm` entry. Store "
+            "operations from each launcher's cycle 0 to its cycle 1 (training, the failure, the restart), all "
+            "nodes. *Failure -> all back*: the first node's detection of the failure -> the last node's new "
+            "workers started.",
+            "",
+            "| nodes | every node recovered | cycles | exit codes | left behind | restart rendezvous (median / max) "
+            "| failure -> all back | warm restarts | store ops cycle 0 -> 1: total (per node) | of which rendezvous "
+            "| wall | load (1 min) |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in result.get("full", []):
+        n = row["nodes"]
+        cycles = f"{row['cycles'][0]} on every node" if len(set(row["cycles"])) == 1 else str(row["cycles"])
+        codes = f"all {row['exit_codes'][0]}" if len(set(row["exit_codes"])) == 1 else str(row["exit_codes"])
+        recovered = "yes" if row["nodes_recovered"] == n else f"**no**: {row['nodes_recovered']} of {n}"
+        total = sum(r[0] for r in row["cycle0_to_cycle1_total"].values())
+        rdzv = row["cycle0_to_cycle1_total"].get("rendezvous", [0, 0, 0])[0]
+        counted = row.get("counted_nodes", n) or 1
+        r1 = row.get("restart_rendezvous_s")
+        restart_rdzv = "-" if not r1 else f"{r1['median']:.2f} / {r1['max']:.2f} s"
+        back = row.get("failure_to_all_started_s")
+        out.append(f"| {n} | {recovered} | {cycles} | {codes} | {_leftovers(row)} | {restart_rdzv} "
+                   f"| {'-' if back is None else f'{back:.2f} s'} | {row.get('warm_restarts', '-')} of {n} "
+                   f"| {total} ({total / counted:.0f}) | {rdzv} ({rdzv / counted:.1f}) "
+                   f"| {row['wall_s']:.0f} s | {row['load1']:g} |")
+    out.append("")
+    return [*out, *SCALE_HISTORY]
 
 
 def _error_section(title: str, result: dict) -> list[str] | None:
