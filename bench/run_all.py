@@ -516,7 +516,10 @@ def render_straggler(result: dict, peer: bool) -> list[str]:
             "(forward, backward, all-reduce, SGD). The timer's own Python code is also timed alone (a hot loop "
             "of the wrapper around a no-op and the hook). With the wall clock and `profiling_interval=1` one "
             "step in three is sampled (`WALL_CLOCK_SAMPLE_EVERY`); with `profiling_interval=10` every 10th step, "
-            "the gradient hook registered for it only. The reference's `StragglerDetectionCallback` "
+            "the gradient hook registered for it only. Per-step medians: every step of the smallest step timed on its "
+            "own, variants in rotating blocks (the timer as configured, never sampling, sampling every step, a "
+            "pass-through wrapper with a no-op hook), each variant's median minus the plain median. "
+            "The reference's `StragglerDetectionCallback` "
             "cannot run on this CPU machine (its `Detector` needs CUDA: CUPTI, and `torch.cuda.synchronize()` "
             f"in every report). {len(runs['1'])} runs each.",
             "",
@@ -526,8 +529,14 @@ def render_straggler(result: dict, peer: bool) -> list[str]:
             f"| forward wrapper added to a module call (no backward: every step timed) | "
             f"{cell('forward_wrapper_added_us')} |",
             f"| module call without the wrapper | {cell('forward_call_us')} |",
-            f"| added to the smallest step with a backward, `profiling_interval=1` (default) | "
+            f"| added to the smallest step with a backward, `profiling_interval=1` (default), block means | "
             f"{cell('minimal_step_added_us')} |",
+            f"| per-step median added: an unsampled step (2 of 3) | {cell('minimal_step_median_added_unsampled_us')} |",
+            f"| per-step median added: a sampled step (1 of 3) | {cell('minimal_step_median_added_sampled_us')} |",
+            f"| per-step median added: a pass-through wrapper and a no-op gradient hook (any hooking) | "
+            f"{cell('minimal_step_median_added_passthrough_us')} |",
+            f"| per-step median added: the default, all steps together | "
+            f"{cell('minimal_step_median_added_default_us')} |",
             f"| smallest step without the timer | {cell('minimal_step_us')} |",
             f"| added to a whole DDP step, `profiling_interval=1` (default) | {cell('ddp_step_added_us')} |",
             f"| added to a whole DDP step, `profiling_interval=10` | {cell('ddp_step_added_us', '10')} |",

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from ft_core.straggler.timing import ComputeTimer  # noqa: E402
+from ft_core.straggler.timing import WALL_CLOCK_SAMPLE_EVERY, ComputeTimer  # noqa: E402
 
 
 def _model() -> torch.nn.Module:
@@ -123,30 +123,54 @@ def _attached_vs_not(module: torch.nn.Module, step: Callable[[], None], blocks: 
     return statistics.median(per["plain"]), statistics.median(diffs), samples
 
 
-def _per_step_median_added(module: torch.nn.Module, step: Callable[[], None], blocks: int, calls: int) -> float:
-    """µs the timer adds to the *median* step: every step timed on its own (wall clock, the same
-    clock reads around the step in both modes), attached and detached block by block (ABBA); the
-    median of all timed steps minus the median of all plain ones. Medians leave out the steps the
-    machine's load stretched."""
-    durations: dict[str, list[int]] = {"plain": [], "timed": []}
+def _per_step_medians(module: torch.nn.Module, step: Callable[[], None], blocks: int, calls: int) -> dict[str, float]:
+    """µs each kind of step adds, from per-step medians: every step timed on its own (wall clock,
+    the same clock reads around it in every variant), the variants in rotating blocks on the same
+    module, and each variant's median step time minus the plain one's. Medians leave out the steps
+    the machine's load stretched. Variants: the timer as configured (one step in three sampled),
+    never sampling (its unsampled steps), sampling every step (its sampled steps), and a
+    pass-through forward wrapper with a no-op gradient hook (what any such hooking costs)."""
+    def timer_variant(sample_every: int) -> Callable[[], Callable[[], None]]:
+        def attach() -> Callable[[], None]:
+            timer = ComputeTimer(use_cuda=False, sample_every=sample_every)
+            timer.attach(module)
+            for _ in range(4):
+                step()
+            return timer.detach
+        return attach
+
+    def passthrough() -> Callable[[], None]:
+        original = module.forward
+
+        def forward(*args: object, **kwargs: object) -> object:
+            return original(*args, **kwargs)
+
+        module.__dict__["forward"] = forward
+        param = next(p for p in module.parameters() if p.requires_grad)
+        handle = param.register_post_accumulate_grad_hook(lambda p: None)
+
+        def undo() -> None:
+            handle.remove()
+            del module.__dict__["forward"]
+        return undo
+
+    variants: dict[str, Callable[[], Callable[[], None]]] = {
+        "plain": lambda: (lambda: None), "default": timer_variant(WALL_CLOCK_SAMPLE_EVERY),
+        "unsampled": timer_variant(10**9), "sampled": timer_variant(1), "passthrough": passthrough}
+    durations: dict[str, list[int]] = {name: [] for name in variants}
     clock = time.perf_counter_ns
+    names = list(variants)
     for i in range(blocks):
-        for name in (("plain", "timed") if i % 2 == 0 else ("timed", "plain")):
-            timer = None
-            if name == "timed":
-                timer = ComputeTimer(use_cuda=False)
-                timer.attach(module)
-                for _ in range(4):
-                    step()
+        for name in names[i % len(names):] + names[:i % len(names)]:
+            undo = variants[name]()
             out = durations[name]
             for _ in range(calls):
                 t0 = clock()
                 step()
                 out.append(clock() - t0)
-            if timer is not None:
-                timer.take_samples()
-                timer.detach()
-    return (statistics.median(durations["timed"]) - statistics.median(durations["plain"])) / 1000.0
+            undo()
+    plain = statistics.median(durations["plain"])
+    return {name: (statistics.median(values) - plain) / 1000.0 for name, values in durations.items() if name != "plain"}
 
 
 def main() -> int:
@@ -176,7 +200,8 @@ def main() -> int:
     result.update(minimal_step_us=base, minimal_step_added_us=added,
                   minimal_samples_per_step=samples / (args.blocks * 2000))
     if args.profiling_interval == 1:
-        result["minimal_step_median_added_us"] = _per_step_median_added(scale, minimal_step, args.blocks, 2000)
+        for name, added in _per_step_medians(scale, minimal_step, args.blocks // 2, 2000).items():
+            result[f"minimal_step_median_added_{name}_us"] = added
     # 3. a whole DDP step (forward, backward, all-reduce, SGD) with and without the timer, same model
     with tempfile.TemporaryDirectory() as tmp:
         dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
@@ -187,9 +212,6 @@ def main() -> int:
             _block(ddp, opt, data, 20)  # warm-up (bucket rebuild)
             base, added, samples = _attached_vs_not(ddp.module, lambda: _block(ddp, opt, data, 1), args.blocks,
                                                     args.steps, args.profiling_interval)
-            if args.profiling_interval == 1:
-                result["ddp_step_median_added_us"] = _per_step_median_added(
-                    ddp.module, lambda: _block(ddp, opt, data, 1), args.blocks, args.steps)
         finally:
             dist.destroy_process_group()
     result.update(ddp_step_us=base, ddp_step_added_us=added, samples_per_step=samples / (args.blocks * args.steps))
