@@ -251,26 +251,28 @@ class ComputeTimer:
         self._counted += self._chunk  # this step included
         self._chunk = self._countdown = 0
         steps = self._counted
-        if self._learning:  # the previous forward's backward ran with every parameter hooked
-            self._learned()
-        self._update_fast()
-        if self._fast:
-            if steps % self.sample_every == 0:
-                clock = time.perf_counter
-                start = clock()
-                output = original(*args, **kwargs)
-                self._mid = clock()
-                self._fwd_start = start
+        try:
+            if self._learning:  # the previous forward's backward ran with every parameter hooked
+                self._learned()
+            self._update_fast()
+            if self._fast:
+                if steps % self.sample_every == 0:
+                    clock = time.perf_counter
+                    start = clock()
+                    output = original(*args, **kwargs)
+                    self._mid = clock()
+                    self._fwd_start = start
+                else:
+                    self._mid = None
+                    output = original(*args, **kwargs)
             else:
-                self._mid = None
+                self._forward_start(steps)
                 output = original(*args, **kwargs)
-        else:
-            self._forward_start(steps)
-            output = original(*args, **kwargs)
-            self._forward_end()
-        if steps >= self._notify_step and self.on_step_end is not None:
-            self.on_step_end(steps)
-        self._plan_chunk(steps)
+                self._forward_end()
+            if steps >= self._notify_step and self.on_step_end is not None:
+                self.on_step_end(steps)
+        finally:  # a forward that raised (and was caught by the job) must not leave the countdown at 0
+            self._plan_chunk(steps)
         return output
 
     def _plan_chunk(self, steps: int) -> None:

@@ -191,3 +191,37 @@ def test_an_interval_at_its_shortest_with_checkpoints_in_it_is_still_scored() ->
     assert len(later) >= 4, [r.steps for r in reports]
     unscored = [r.steps for r in later if not r.gpu_relative_perf_scores]
     assert not unscored, f"intervals of {unscored} steps were not scored"
+
+
+def test_a_forward_that_raises_leaves_the_timer_counting_and_sampling() -> None:
+    # A job may catch a failed step (an out-of-memory batch skipped) and go on: the wrapper's
+    # countdown must not be left at 0, or no step would be checked (sampled, reported) again.
+    from ft_core.straggler.timing import ComputeTimer
+
+    class Flaky(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(2))
+            self.fail = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if self.fail:
+                raise RuntimeError("a bad batch")
+            return (self.weight * x).sum()
+
+    model = Flaky()
+    timer = ComputeTimer(use_cuda=False)
+    timer.attach(model)
+    for _ in range(6):
+        model(torch.ones(2)).backward()
+    model.fail = True
+    for _ in range(3):  # checked or not, each raising forward counts as a step
+        with pytest.raises(RuntimeError):
+            model(torch.ones(2))
+    model.fail = False
+    timer.take_samples()
+    for _ in range(30):
+        model(torch.ones(2)).backward()
+    assert timer.steps == 39
+    assert len(timer.take_samples()) == 10
+    timer.detach()
