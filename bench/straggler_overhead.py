@@ -75,7 +75,6 @@ def _timer_code_cost(calls: int) -> float:
     timer.attach(module)
     timer._learning.clear()  # as after the learning backwards: the weight's gradient comes last
     timer._last_param = module.weight
-    timer._update_fast()
     assert timer._fast, "the timer's common path is not active"
     wrapped, hook, noop = module.forward, timer._backward_end, _NoopForward.forward.__get__(module)
     best = {}

@@ -107,7 +107,6 @@ class ComputeTimer:
         self._mid: Optional[float] = None
         self._pending: Optional[tuple[Any, Any]] = None
         self._stamps = array.array("d")
-        self._fast = False  # see _update_fast
         self._backward_end = self._make_backward_end()
 
     @property
@@ -128,12 +127,13 @@ class ComputeTimer:
     @notify_step.setter
     def notify_step(self, value: int) -> None:
         self._notify_step = int(value)
-        self._check_next_step()
+        self._start_chunk(1)
 
-    def _check_next_step(self) -> None:
-        """End the current chunk: the next forward is a checked step."""
+    def _start_chunk(self, length: int) -> None:
+        """End the current chunk (its steps so far stay counted); the next ``length`` forwards are a
+        new one, the last of them a checked step."""
         self._counted += self._chunk - self._countdown
-        self._chunk = self._countdown = 1
+        self._chunk = self._countdown = length
 
     @property
     def steps_per_sample(self) -> int:
@@ -177,8 +177,6 @@ class ComputeTimer:
             for index, param in enumerate(self._params):
                 self._grad_handles.append(param.register_post_accumulate_grad_hook(self._learner(index)))
             self._measures_backward = True
-        self._backward_end = self._make_backward_end()
-        self._update_fast()
         return self._measures_backward
 
     def _make_backward_end(self) -> Callable[[Any], None]:
@@ -201,11 +199,12 @@ class ComputeTimer:
                 timer._events.append((start, mid_event, timer._now()))
         return backward_end
 
-    def _update_fast(self) -> None:
-        """Take the fast path in the forward wrapper while nothing but the sample is to do: wall clock,
-        every step measured, the last gradient learned, no step to leave out."""
-        self._fast = (not self.use_cuda and self.profiling_interval == 1 and self._measures_backward
-                      and self._last_param is not None and not self._skip and not self._learning)
+    @property
+    def _fast(self) -> bool:
+        """Whether a checked step is the common one, nothing to do but the sample: wall clock, every
+        step measured, the last gradient learned, no step to leave out."""
+        return (not self.use_cuda and self.profiling_interval == 1 and self._measures_backward
+                and self._last_param is not None and not self._skip and not self._learning)
 
     def detach(self) -> None:
         """Remove the forward wrapper and the gradient hooks."""
@@ -235,7 +234,6 @@ class ComputeTimer:
         self._last_param = self._params[last]
         self._grad_handles = [self._last_param.register_post_accumulate_grad_hook(self._backward_end)]
         log.debug("straggler detection: the backward ends with parameter %d of %d", last, len(self._params))
-        self._update_fast()
 
     # ------------------------------------------------------------------ per step
 
@@ -254,7 +252,6 @@ class ComputeTimer:
         try:
             if self._learning:  # the previous forward's backward ran with every parameter hooked
                 self._learned()
-            self._update_fast()
             if self._fast:
                 if steps % self.sample_every == 0:
                     clock = time.perf_counter
@@ -277,14 +274,12 @@ class ComputeTimer:
 
     def _plan_chunk(self, steps: int) -> None:
         """The forwards until the next checked step: the next sampled one or the notify step."""
-        self._update_fast()
         length = 1
         if self._fast and steps < self._notify_step:
             length = min(self.sample_every - steps % self.sample_every, self._notify_step - steps)
         elif self._fast and self.on_step_end is None:
             length = self.sample_every - steps % self.sample_every
-        self._counted += self._chunk - self._countdown
-        self._chunk = self._countdown = length
+        self._start_chunk(length)
 
     def _forward_start(self, steps: int) -> None:
         """Every step while the common path is off (learning, steps left out, CUDA, profiling_interval > 1)."""
@@ -325,8 +320,7 @@ class ComputeTimer:
         checkpoint or an evaluation is often slower: caches, allocator, loader workers)."""
         self._skip = max(self._skip, steps)
         self._start = self._pending = self._mid = None
-        self._fast = False
-        self._check_next_step()
+        self._start_chunk(1)
 
     def record(self, seconds: float) -> None:
         """Add a sample measured elsewhere (a detection section), in seconds, as forward time."""
