@@ -259,10 +259,10 @@ def ensure_run_id(config: Any) -> None:
 #   that comes later joins at the next restart (it is counted as waiting, which starts one).
 # With --nnodes N (MIN = MAX) the last call does not apply: the round completes when all N are in.
 RDZV_DEFAULTS = {"keep_alive_interval": "1", "keep_alive_max_attempt": "3", "last_call_timeout": "2"}
-RDZV_DEFAULT_BACKENDS = ("c10d", barrier_rendezvous.BACKEND)
 STORE_ON_ENDPOINT_BACKENDS = ("c10d", barrier_rendezvous.BACKEND)
 """The backends whose store is a TCPStore on ``--rdzv-endpoint`` (torch's c10d backend makes it):
-its poll interval and store watchdog apply."""
+ft_launcher's rendezvous defaults, its poll interval and its store watchdog apply."""
+RDZV_DEFAULT_BACKENDS = STORE_ON_ENDPOINT_BACKENDS
 
 
 def apply_rendezvous_defaults(config: Any) -> list[str]:

@@ -240,9 +240,7 @@ def install(handler: Any) -> bool:
     handler._store = wrapped
     if backend is not None and getattr(backend, "_store", None) is store:
         backend._store = wrapped  # the rendezvous state's reads and writes (torch's c10d backend)
-    elif not hasattr(handler, "_state_holder"):
-        pass  # ft-barrier (launcher.barrier_rendezvous): every operation goes through handler._store
-    else:
+    elif hasattr(handler, "_state_holder"):  # without one (ft-barrier) every operation goes through handler._store
         logger.warning("%s: the rendezvous state's store operations are not counted (handler %s keeps no "
                        "c10d backend with the handler's store)", ENV_VAR, type(handler).__name__)
     logger.info("counting rendezvous store operations into %s", _path())

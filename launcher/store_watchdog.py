@@ -93,28 +93,30 @@ class StoreWatchdog:
         count, interval = self._keepalive()
         return 1.0 + count * interval
 
-    def _watch(self, sock: socket.socket) -> tuple[bool, str | None]:
+    def _watch(self, sock: socket.socket) -> tuple[str | None, float]:
         """Wait up to ``interval`` for news from the connection.
 
         Returns:
-            (True, None) while it stands; (False, why) once the peer closed or reset it, or the
-            kernel gave up on it (why then starts with ``ETIMEDOUT``).
+            (None, 0) while it stands; else why it ended (the peer closed or reset it, or the
+            kernel gave up on it) and how long the store had been silent by then (the keep-alive's
+            span when the kernel gave up, else 0).
         """
         try:
             readable, _, _ = select.select([sock], [], [], self._interval)
         except (OSError, ValueError) as err:
-            return False, f"{type(err).__name__}: {err}"
+            return f"{type(err).__name__}: {err}", 0.0
         if not readable:
-            return True, None
+            return None, 0.0
         try:
             data = sock.recv(256)
         except BlockingIOError:
-            return True, None
+            return None, 0.0
         except OSError as err:
             if err.errno == errno.ETIMEDOUT:
-                return False, f"ETIMEDOUT: no answer to TCP keep-alive probes for {self._silent_for():.0f} s"
-            return False, f"{type(err).__name__}: {err}"
-        return (True, None) if data else (False, "the store closed the connection")
+                silent = self._silent_for()
+                return f"ETIMEDOUT: no answer to TCP keep-alive probes for {silent:.0f} s", silent
+            return f"{type(err).__name__}: {err}", 0.0
+        return (None, 0.0) if data else ("the store closed the connection", 0.0)
 
     def _run(self) -> None:
         last_ok = time.monotonic()
@@ -130,14 +132,13 @@ class StoreWatchdog:
                         last_ok = time.monotonic()
                         continue
                 else:
-                    alive, why = self._watch(sock)
-                    if alive:
+                    why, silent = self._watch(sock)
+                    if why is None:
                         last_ok = time.monotonic()
                         continue
                     sock.close()
                     sock = None
-                    if why and why.startswith("ETIMEDOUT"):
-                        last_ok = min(last_ok, time.monotonic() - self._silent_for())
+                    last_ok = min(last_ok, time.monotonic() - silent)
                 if self._stop.is_set():
                     return
                 now = time.monotonic()
