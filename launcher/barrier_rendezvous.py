@@ -74,6 +74,8 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
+from launcher.rendezvous_plugin import create_ft_barrier_handler
+
 logger = logging.getLogger(__name__)
 
 BACKEND = "ft-barrier"
@@ -487,5 +489,6 @@ def create_handler(params: RendezvousParameters) -> BarrierRendezvousHandler:
 
 
 def register() -> None:
-    """Register ``ft-barrier`` in torch's rendezvous handler registry (again: no-op)."""
-    rendezvous_handler_registry.register(BACKEND, create_handler)
+    """Register ``ft-barrier`` in torch's rendezvous handler registry (again, or after torch loaded
+    the package's ``torchrun.handlers`` entry point: no-op, the creator is the same object)."""
+    rendezvous_handler_registry.register(BACKEND, create_ft_barrier_handler)

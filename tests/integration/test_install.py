@@ -101,6 +101,13 @@ def test_the_wheel_ships_autoresume_and_the_entry_points(fresh_venv):
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()).is_relative_to(fresh_venv)
     assert Path(out.stdout.strip()).read_bytes() == (REPO / "scripts" / "autoresume.sh").read_bytes()
+    # torchrun's own registry finds ft-barrier (this venv has no torch: the plugin imports none)
+    out = subprocess.run([str(fresh_venv / "bin" / "python"), "-c",
+                          "from importlib.metadata import entry_points\n"
+                          "(point,) = entry_points(group='torchrun.handlers', name='ft-barrier')\n"
+                          "print(point.load()().__name__)"],
+                         capture_output=True, text=True, timeout=60, cwd="/", env=venv_env(fresh_venv))
+    assert (out.returncode, out.stdout.strip()) == (0, "create_ft_barrier_handler"), out.stderr
 
 
 FAKE_LAUNCHER = """#!/bin/bash
