@@ -273,7 +273,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._check_node()
         started = time.monotonic()
         try:
-            super()._rendezvous(worker_group)
+            with self._starts.rendezvous_wait(self.cycle + 1):
+                super()._rendezvous(worker_group)
         except (RendezvousClosedError, RendezvousGracefulExitError):
             # The job ended (its rendezvous closed) while this node waited for a place: a spare, or
             # a healthy node that lost the race for a slot in a restart. Nothing of it failed, as in

@@ -144,7 +144,8 @@ class MonitorsStarted(EventRecord):
 @dataclass(kw_only=True)
 class WarmTemplateStarted(EventRecord):
     """``warm_template_started``: the warm-restart template process was started (once the cycle's
-    workers are up, or 20 s after they started)."""
+    workers are up, or 20 s after they started; or after 10 s of waiting in a rendezvous, as a
+    spare does, with ``cycle`` the one it waits for)."""
 
     EVENT: ClassVar[str] = "warm_template_started"
 

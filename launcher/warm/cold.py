@@ -8,6 +8,9 @@ starts workers: no template, no stand-ins, nothing to add to the workers' enviro
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 
@@ -27,6 +30,10 @@ class StartCoordinator(Protocol):
     @property
     def cold_reason(self) -> str | None:
         """Why the latest cycle (after :meth:`before_cycle`) starts cold; None if it starts warm."""
+        ...
+
+    def rendezvous_wait(self, cycle: int) -> AbstractContextManager[None]:
+        """Around the rendezvous before ``cycle`` (a helper may start while it waits)."""
         ...
 
     def before_cycle(self, cycle: int) -> bool:
@@ -57,6 +64,11 @@ class ColdStart:
     uses_stand_ins = False
     pid = None
     cold_reason = "warm restarts are off (--no-warm-restarts, or an entry point the template cannot run)"
+
+    @contextlib.contextmanager
+    def rendezvous_wait(self, cycle: int) -> Iterator[None]:
+        """Nothing to start while waiting."""
+        yield
 
     def before_cycle(self, cycle: int) -> bool:
         """Nothing to prepare; the cycle starts cold."""

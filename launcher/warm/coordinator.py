@@ -11,6 +11,12 @@ monitors) or :data:`START_DELAY` seconds after they started, whichever comes fir
 ready, and whenever it is gone, trampolines fall back to the plain cold start. A template that
 dies is replaced the same way in the next cycle.
 
+A node that waits in a rendezvous with no template yet (a spare waiting for a place, or a node
+early for the job) has idle CPUs: after :data:`IDLE_START_AFTER` seconds of waiting the template
+starts meanwhile (:meth:`WarmCoordinator.rendezvous_wait`), so that the workers of the round that
+admits the node are forked warm. A spare that replaces a node then starts its workers in a fork,
+not in a fresh interpreter that imports torch.
+
 :class:`WarmTemplate` is the process handle; :class:`WarmCoordinator` is what the agent calls
 at its hooks (when to start, whether the template is ready, replacement, and the event records),
 with the interface of :class:`launcher.warm.cold.StartCoordinator` (``ColdStart`` is the cold one).
@@ -25,7 +31,9 @@ import os
 import selectors
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ft_core.wire.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
@@ -44,6 +52,12 @@ DEFAULT_PRELOAD = ("torch", "torch.distributed")
 START_DELAY = 20.0
 """Start the template at the latest this long after a cycle's workers started (the default of
 ``LauncherOptions.warm_start_delay``)."""
+IDLE_START_AFTER = 10.0
+"""A rendezvous that has waited this long with no template started yet starts it meanwhile."""
+IDLE_READY_WAIT = 60.0
+"""How long (from its start) the workers of the round wait for a template started during the
+rendezvous wait, if it is still importing: a cold worker would import the same modules, so
+waiting for the rest of the template's imports is the faster start; past this, they start cold."""
 RESOLVE_TIMEOUT = 10.0
 """How long the launcher waits for a cycle's stand-ins to say which worker they stand in for."""
 MAX_TITLE_SPACE = 128 * 1024 - 1
@@ -228,10 +242,13 @@ class WarmCoordinator:
     """Why the latest cycle (after :meth:`before_cycle`) starts cold, for its ``cycle_start`` record;
     None if it starts warm."""
 
-    def __init__(self, template: WarmTemplate, events: EventLog, start_delay: float = START_DELAY) -> None:
+    def __init__(self, template: WarmTemplate, events: EventLog, start_delay: float = START_DELAY,
+                 idle_start_after: float = IDLE_START_AFTER) -> None:
         self.template = template
         self._events = events
         self._start_delay = start_delay
+        self._idle_start_after = idle_start_after
+        self._started_while_waiting = False
         self._cycle_started_at = 0.0
 
     def adopt(self, spec: Any) -> bool:
@@ -260,6 +277,9 @@ class WarmCoordinator:
         if exit_code is not None:
             self._events.record_event(WarmTemplateReplaced(cycle=cycle, exit_code=exit_code))
         was_ready = self.template.status is not None
+        if self._started_while_waiting:
+            self._started_while_waiting = False
+            self._await_template_started_while_waiting()
         status = self.template.poll_ready()
         if status is not None and not was_ready:
             # The template's ready line (launcher.warm.zygote): ready, failed_preloads, cuda_initialized.
@@ -278,6 +298,52 @@ class WarmCoordinator:
             self.template.start()
             self._events.record_event(WarmTemplateStarted(cycle=cycle, pid=self.template.pid))
         return warm
+
+    @contextlib.contextmanager
+    def rendezvous_wait(self, cycle: int) -> Iterator[None]:
+        """Around the rendezvous before ``cycle``: if it waits :data:`IDLE_START_AFTER` seconds and
+        no template was started yet, start one (from a helper thread; the rendezvous blocks the
+        main thread), so that this node's next workers can be forked from it.
+
+        On leaving, the helper thread is done: the template is either started, with its
+        ``warm_template_started`` record, or not started at all.
+        """
+        if self.template.started:
+            yield
+            return
+        over = threading.Event()
+
+        def start_when_idle() -> None:
+            if over.wait(self._idle_start_after):
+                return
+            logger.info("waited %.0f s in the rendezvous: starting the warm template meanwhile, so that this "
+                        "node's workers start warm when it gets a place", self._idle_start_after)
+            self.template.start()
+            self._started_while_waiting = True
+            self._events.record_event(WarmTemplateStarted(cycle=cycle, pid=self.template.pid))
+
+        helper = threading.Thread(target=start_when_idle, name="ft-warm-idle-start", daemon=True)
+        helper.start()
+        try:
+            yield
+        finally:
+            over.set()
+            helper.join()
+
+    def _await_template_started_while_waiting(self) -> None:
+        """Wait for the rest of the imports of a template started during the rendezvous wait, up to
+        :data:`IDLE_READY_WAIT` after its start (see there); return at once if it is ready or gone."""
+        if self.template.started_at is None or self.template.poll_ready() is not None:
+            return
+        deadline = self.template.started_at + IDLE_READY_WAIT
+        waited_from = time.monotonic()
+        while self.template.status is None and self.template.report_fileno() is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self.template.poll_ready(min(left, 0.5))
+        logger.info("waited %.1f s for the warm template started during the rendezvous: %s",
+                    time.monotonic() - waited_from, "ready" if self.template.status is not None else "not ready")
 
     def _why_cold(self, cycle: int, exit_code: int | None) -> str:
         if exit_code is not None:

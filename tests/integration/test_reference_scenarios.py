@@ -41,7 +41,8 @@ SPARE_LINE = "wait as spare"  # launcher/membership.py's INFO line when waiting 
 class Node:
     """One ft_launcher of the job; its log goes to a file, read while it runs."""
 
-    def __init__(self, name: str, tmp_path: Path, port: int, launcher_args: list[str], is_host: bool = False):
+    def __init__(self, name: str, tmp_path: Path, port: int, launcher_args: list[str], is_host: bool = False,
+                 warm: bool = False):
         self.name = name
         self.dir = tmp_path / name
         self.dir.mkdir()
@@ -54,7 +55,7 @@ class Node:
                  "--rdzv-id", f"job-{port}", "--rdzv-conf", f"is_host={int(is_host)},{RDZV_CONF}",
                  "--monitor-interval", "0.1", "--ft-event-log", str(self.events_path),
                  # the workers import no torch: a warm template per launcher would only load the CPUs
-                 "--no-warm-restarts", *launcher_args,
+                 *([] if warm else ["--no-warm-restarts"]), *launcher_args,
                  WORKER, "--state-dir", str(tmp_path), "--control-file", str(self.control)],
                 env=launcher_env(), stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
@@ -80,14 +81,15 @@ class Node:
 class Job:
     """The nodes of one scenario and what their workers wrote."""
 
-    def __init__(self, tmp_path: Path, launcher_args: list[str]):
+    def __init__(self, tmp_path: Path, launcher_args: list[str], warm: bool = False):
         self.tmp_path = tmp_path
         self.port = free_port()
         self.launcher_args = launcher_args
+        self.warm = warm
         self.nodes: list[Node] = []
 
     def start(self, name: str, is_host: bool = False) -> Node:
-        node = Node(name, self.tmp_path, self.port, self.launcher_args, is_host)
+        node = Node(name, self.tmp_path, self.port, self.launcher_args, is_host, self.warm)
         self.nodes.append(node)
         return node
 
@@ -213,6 +215,32 @@ def test_exclude_this_node_restarts_the_others_with_a_spare_in_its_place(tmp_pat
             if node not in excluded and node not in running:
                 code = node.finish()
                 assert code == 0 or (code == 1 and "rendezvous failed" in node.log()), job.state() + "\n" + job.logs()
+    finally:
+        job.stop_all()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_spare_prepares_its_warm_template_while_it_waits_and_takes_the_place_warm(tmp_path):
+    # Warm restarts on (the template imports torch, as by default): a spare waits with idle CPUs,
+    # so it starts its template after 10 s in the rendezvous; the round that admits it forks its
+    # workers from that template instead of starting them cold.
+    job = Job(tmp_path, ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "3"], warm=True)
+    try:
+        a = job.start("a", is_host=True)
+        b = job.start("b")
+        job.wait(lambda: job.runs() == [2] and job.world_size() == 2, 90, "the first run on 2 nodes")
+        spare = job.start("c")
+        job.wait(lambda: spare.events("warm_template_started"), 60, "the spare to start its template while it waits")
+        assert spare.cycles() == [], job.state()
+        assert spare.events("warm_template_started")[0]["cycle"] == 0, spare.events("warm_template_started")
+        b.control.write_text("exclude")  # b leaves (exit 65); a restarts with the spare in its place
+        assert b.finish() == 65, job.state() + "\n" + job.logs()
+        job.wait(lambda: len(job.runs()) == 2 and job.world_size() == 2, 60, "the second run, with the spare")
+        (start,) = spare.events("cycle_start")
+        assert (start["warm_start"], start.get("cold_reason")) == (True, None), start
+        (tmp_path / "finish").touch()
+        assert a.finish() == 0 and spare.finish() == 0, job.state() + "\n" + job.logs()
     finally:
         job.stop_all()
 

@@ -132,3 +132,34 @@ def test_cold_and_warm_starts_have_the_interface_the_agent_uses():
         (False, None, False, False)
     assert cold.resolve_workers({0: 11, 1: 12}) == {0: 11, 1: 12} and cold.worker_env() == {}
     assert WarmCoordinator.uses_stand_ins is True
+
+
+def test_a_rendezvous_that_ends_before_the_idle_start_starts_nothing(coordinator):
+    coordinator, events = coordinator
+    with coordinator.rendezvous_wait(0):
+        pass
+    assert coordinator.pid is None and kinds(events) == []
+    assert coordinator.before_cycle(0) is False and coordinator.cold_reason.startswith("first cycle")
+
+
+def test_a_long_rendezvous_starts_the_template_and_the_round_waits_for_its_imports(run_dir, tmp_path, monkeypatch):
+    # A spare: its rendezvous waits past the idle start; the template it starts imports for about
+    # 1.5 s (a module that sleeps); the workers of the round that admits it wait for that, warm.
+    (tmp_path / "slow_to_import.py").write_text("import time\ntime.sleep(1.5)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    events = EventLog(None, node="n", stream=io.StringIO())
+    coordinator = WarmCoordinator(WarmTemplate(os.path.join(run_dir, "warm.sock"), ["slow_to_import"]), events,
+                                  start_delay=30.0, idle_start_after=0.1)
+    try:
+        with coordinator.rendezvous_wait(3):
+            deadline = time.monotonic() + 30
+            while not coordinator.template.started:
+                assert time.monotonic() < deadline, "the template was not started while the rendezvous waited"
+                time.sleep(0.01)
+        assert kinds(events) == ["warm_template_started"] and events.records[0]["cycle"] == 3
+        assert coordinator.template.status is None  # still importing
+        assert coordinator.before_cycle(3) is True and coordinator.cold_reason is None
+        assert kinds(events) == ["warm_template_started", "warm_template_ready"]
+        assert not coordinator.maybe_start(3, workers_up=True)  # started once
+    finally:
+        coordinator.stop()
