@@ -53,7 +53,7 @@ from ft_core.wire.env import (
     FT_RANK_CONFIG_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
-from launcher import node_check, processes, store_counter
+from launcher import culprit, node_check, processes, store_counter
 from launcher.agent_phase import AgentPhase
 from launcher.clean_end import AT_EXIT_SIGNAL, CleanEnds
 from launcher.control_server import ControlServer, ReceivedStragglerReport
@@ -642,6 +642,22 @@ class FaultTolerantAgent(LocalElasticAgent):
         lost = [LostNode(group_rank, host) for group_rank, host in views.missing.items()] if published else []
         return Exchanged([state for state in remote if state is not None], lost, views.waited)
 
+    def _publish_leaving(self, worker_group: WorkerGroup) -> None:
+        """Before this node kills its workers to leave: publish them as this node's view of the
+        failure its peers are about to see (rule 0 of :mod:`launcher.culprit`), so that the peers
+        name this node's leaving as the root, not their own ranks whose collectives fail, and do
+        not wait for a view from a node that is gone."""
+        if (worker_group.group_world_size or 1) <= 1 or not self._channel.attached:
+            return
+        at = time.time()
+        cause = f"its node left the job ({self._outcome_cause})"
+        pids = {rank: self._workers.worker_pid(pid) for rank, pid in self._pids.items()}
+        states = [RankState(rank=w.global_rank, local_rank=w.local_rank, node=self._events.node,
+                            group_rank=worker_group.group_rank, pid=pids.get(w.local_rank),
+                            outcome=culprit.LEFT, cause=cause, event_at=at).to_json()
+                  for w in worker_group.workers]
+        self._channel.publish_view(worker_group.group_rank, states)
+
     # ------------------------------------------------------------------ workload control
 
     def _drain_control_requests(self) -> None:
@@ -703,6 +719,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         if result.state in _FAILED_STATES:
             self._log_failures(worker_group, result, decision)
         else:  # the workers are still up: the request is the whole story
+            if self._phase is AgentPhase.EXCLUDED:
+                self._publish_leaving(worker_group)
             self._events.outcome_line(self.cycle, self._outcome_cause, decision)
         self._remaining_restarts = 0  # torch's loop then stops the workers instead of restarting
         return RunResult(state=WorkerState.FAILED, failures=result.failures)

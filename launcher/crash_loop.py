@@ -71,8 +71,8 @@ class Fingerprint:
     """What failed, in a form two failures of one cause share.
 
     Attributes:
-        kind: ``crash``, ``hang``, ``stopped`` (found through another rank's timeout) or ``lost``
-            (a node that sent no report).
+        kind: ``crash``, ``hang``, ``stopped`` (found through another rank's timeout), ``lost``
+            (a node that sent no report) or ``left`` (a node that left the job on request).
         what: The normalised cause (exception type and message, hang kind and section, signal).
         where: The innermost user frame (``file.py function``), or the node for a lost node.
     """
@@ -98,6 +98,9 @@ def fingerprint(root: RankState) -> Fingerprint:
     if root.outcome == culprit.LOST:
         # A lost node: which node, not what its ranks were doing (nothing was reported).
         return Fingerprint(culprit.LOST, "node sent no report", root.node or None)
+    if root.outcome == culprit.LEFT:
+        # A node that left on request: which node (its request's text holds ranks and pids).
+        return Fingerprint(culprit.LEFT, "node left the job on request", root.node or None)
     frame = innermost_user_frame(list(root.stack_frames)) if root.stack_frames else None
     return Fingerprint(root.outcome, normalise(root.cause), _frame_without_line(frame))
 

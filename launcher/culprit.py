@@ -6,6 +6,10 @@ or fail with the collective's error. Every rank involved in a failed cycle is de
 states of all nodes are compared (each node publishes its own through the rendezvous store) and
 :func:`choose_root` names one root:
 
+0. A rank whose node left the job on request (``ExcludeThisNode``: a rank's request, or the
+   straggler detector's replace action) is the root when no crash or hang came before that node's
+   leaving (allowing :data:`HOLDING_UP_SKEW` for the nodes' clocks): the leaving node publishes its
+   ranks as :data:`LEFT` before it kills them, and its peers' collectives fail because of that.
 1. A crash (a non-zero exit or a signal the launcher did not send) observed before any hang was
    detected is the root, with its own time: the earliest crash. A survivor whose timeout fires
    during the grace after a crash is collateral.
@@ -52,6 +56,8 @@ STOPPED = "stopped"
 """Stopped by the launcher (or torch) because of the failure, or still running when it began."""
 LOST = "lost"
 """A node of the rendezvous group that sent no view of the failure (rule 4): not a rank."""
+LEFT = "left"
+"""A rank whose node left the job on request and killed it (rule 0)."""
 ROOT = "root"
 COLLATERAL = "collateral"
 
@@ -101,7 +107,7 @@ class RankState:
         node: Host name of its node.
         group_rank: Its node's rank in the rendezvous (tells nodes apart on one host).
         pid: The worker's pid.
-        outcome: :data:`HANG`, :data:`CRASH` or :data:`STOPPED`.
+        outcome: :data:`HANG`, :data:`CRASH`, :data:`STOPPED` or :data:`LEFT`.
         cause: ``hang: ...``, ``exit code 1``, ``signal SIGKILL`` ...
         event_at: Epoch seconds of the hang detection or the crash (None for :data:`STOPPED`).
         progress: Its monitor's progress (as in ``rank_hang``), or None; a mapping given here (a
@@ -208,6 +214,12 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         A reported rank; for rule 4 the :func:`lost_root` of ``lost``; None if nobody failed.
     """
     states = list(states)
+    left = sorted((s for s in states if s.outcome == LEFT), key=lambda s: (
+        s.event_at if s.event_at is not None else math.inf, _rank_key(s)))
+    first_failure_at = min((s.event_at for s in states if s.outcome in (CRASH, HANG) and s.event_at is not None),
+                           default=math.inf)
+    if left and (left[0].event_at is None or left[0].event_at - HOLDING_UP_SKEW <= first_failure_at):
+        return left[0]
     crashes = sorted((s for s in states if s.outcome == CRASH and s.event_at is not None),
                      key=lambda s: (s.event_at, _rank_key(s)))
     hangs = [s for s in states if s.outcome == HANG]
@@ -300,6 +312,8 @@ def describe_root(root: RankState, user_frame: str | None = None, seen_at: float
     if root.outcome == LOST:
         return root.cause
     who = f"rank {_rank_text(root)}"
+    if root.outcome == LEFT:
+        return f"{who} was stopped: {root.cause}"
     step = f" in step {root.step}" if root.step is not None else ""
     where = f" at {user_frame}" if user_frame else ""
     if root.outcome == STOPPED:
@@ -359,7 +373,8 @@ def waiting_for(root: RankState | None, here: str, here_group: int | None) -> st
     if not elsewhere:
         return f"rank {_rank_text(root)}"
     group = f" (node rank {root.group_rank})" if root.group_rank is not None else ""
-    return f"rank {_rank_text(root)} on node {root.node}{group}"
+    why = f", which was stopped: {root.cause}" if root.outcome == LEFT else ""
+    return f"rank {_rank_text(root)} on node {root.node}{group}{why}"
 
 
 def _rank_text(state: RankState) -> str:

@@ -292,7 +292,8 @@ class Failure(EventRecord):
     root_group_rank: int | None = _f(doc=_COLLATERAL, written_with="root_outcome")
     root_cause: str | None = _f(doc=_COLLATERAL, written_with="root_outcome")
     root_outcome: str | None = _f(
-        doc=_COLLATERAL + ": `hang`/`crash`/`stopped`, or `lost`: a node that sent no report", omit_none=True)
+        doc=_COLLATERAL + ": `hang`/`crash`/`stopped`, `lost`: a node that sent no report, or `left`: a node that "
+        "left the job on request (ExcludeThisNode)", omit_none=True)
     lost_nodes: list[dict[str, Any]] | None = _f(
         doc="root `lost`: every node that sent no report, as `{group_rank, node}`", omit_none=True)
     fingerprint: str | None = _f(

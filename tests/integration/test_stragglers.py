@@ -144,6 +144,12 @@ def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_tra
     # handling (or a graceful stop) the --term-timeout (30 s) first, and a waited that long
     left = events_of(b_events, "result")[-1]["ts"] - requests[0]["ts"]
     assert left < 10, f"b's launcher left {left:.1f} s after the ExcludeThisNode request"
+    # b published its ranks as "left" before killing them: a names b's leaving as the root, not its
+    # own rank whose collective failed, and does not wait VIEW_WAIT (2 s) for a view from b
+    (failure,) = events_of(read_events(tmp_path / "a" / "events.jsonl"), "failure")
+    assert (failure["role"], failure["root_outcome"], failure["root_rank"]) == ("collateral", "left", 1), failure
+    assert "requested ExcludeThisNode" in failure["root_cause"], failure
+    assert failure["ts"] - failure["detected_at"] < 1.0, failure
     resumed = re.findall(r"fit starts from (\S+)", out["a"])
     assert resumed[-1].endswith("last.ckpt"), resumed
     assert "fit done: 150 steps" in out["a"]

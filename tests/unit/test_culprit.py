@@ -14,6 +14,7 @@ from launcher.culprit import (
     COLLATERAL,
     CRASH,
     HANG,
+    LEFT,
     LOST,
     ROOT,
     STOPPED,
@@ -84,6 +85,13 @@ def state(rank: int, outcome: str, *, at: float | None = None, last: float | Non
     # ranks stopped by the launcher are never the root
     pytest.param([state(0, STOPPED), state(1, CRASH, at=T)], 1, id="stopped-by-us"),
     pytest.param([state(0, STOPPED), state(1, STOPPED)], None, id="no-root"),
+    # rule 0: a rank whose node left on request, before the crashes its leaving caused (the nodes'
+    # clocks may disagree by up to a second), and not when a crash came clearly first
+    pytest.param([state(0, CRASH, at=T + 0.05), state(1, LEFT, at=T, node="b", group=1)], 1, id="left-then-crash"),
+    pytest.param([state(0, CRASH, at=T - 0.5), state(1, LEFT, at=T, node="b", group=1)], 1, id="left-clock-skew"),
+    pytest.param([state(0, HANG, at=T + 3, last=T - 1), state(1, LEFT, at=T, node="b", group=1)], 1,
+                 id="left-then-hang"),
+    pytest.param([state(0, CRASH, at=T - 5), state(1, LEFT, at=T, node="b", group=1)], 0, id="crash-long-before-left"),
 ])
 def test_the_root_is_the_rank_that_stopped_first(states, root):
     found = choose_root(states)
@@ -360,3 +368,25 @@ def test_records_and_lines_of_a_lost_node():
         exchange=lambda states: Exchanged([state(7, HANG, at=T + 2, last=T - 1, frames=FROZEN, node="node2",
                                                  group=1)], [], 2.0))
     assert records[0].detail["root_rank"] == 7 and records[0].detail["root_outcome"] == HANG
+
+
+def test_a_node_that_left_on_request_is_named_with_its_request_and_its_own_fingerprint():
+    from launcher.crash_loop import fingerprint
+
+    left = RankState(rank=3, local_rank=0, node="b", group_rank=1, pid=7, outcome=LEFT, event_at=T,
+                     cause="its node left the job (rank 3 (pid 7) requested ExcludeThisNode: slow)")
+
+    def exchange(states):
+        return Exchanged([left])
+
+    records = failure_records({0: failure(0, 1)}, local_ranks={0: 0}, hangs={}, stopped_by_us=set(), cycle=0,
+                              now=T + 1, evidence=Evidence(node="a", group_rank=0, exits_seen_at={0: T + 0.2}),
+                              exchange=exchange)
+    (record,) = records
+    assert record.role == COLLATERAL and record.detail["root_outcome"] == LEFT
+    assert record.explanation == ("stopped waiting for rank 3 on node b (node rank 1), which was stopped: its node "
+                                  "left the job (rank 3 (pid 7) requested ExcludeThisNode: slow)")
+    assert describe_root(left) == "rank 3 was stopped: " + left.cause
+    assert RankState.from_json(left.to_json()) == left  # published as it is read back
+    found = fingerprint(left)
+    assert (found.kind, found.what, found.where) == (LEFT, "node left the job on request", "b")
