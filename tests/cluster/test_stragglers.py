@@ -135,6 +135,12 @@ def test_cpu_capped_node3_is_flagged_and_replaced_by_the_spare(cluster: ClusterR
     resumed = [e for e in timeline if e["event"] == "pg_ready" and e["t"] > restarted]
     assert {(e["node"], e["step"], e["world_size"]) for e in resumed} == {
         ("node1", left_at, 3), ("node2", left_at, 3), ("node4", left_at, 3)}, resumed
+    # node3 published its ranks as "left" before killing them: node1 and node2 name node3's rank,
+    # not their own ranks whose collectives failed
+    for node in ("node1", "node2"):
+        failures = [e for e in cluster.events(node) if e["event"] == "failure" and e["cycle"] == 0]
+        assert failures and {(e["role"], e.get("root_outcome"), e.get("root_node")) for e in failures} == {
+            ("collateral", "left", "node3")}, (node, failures)
     assert {e["node"] for e in timeline if e["event"] == "done"} == {"node1", "node2", "node4"}, timeline
     for node in ("node1", "node2", "node4"):
         events = cluster.events(node)
