@@ -31,7 +31,7 @@ from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config,
 
 from ft_core.wire.config import MAX_SECONDS, ConfigError, parse_seconds, parse_seconds_or_off
 from ft_core.wire.config_values import short_repr
-from launcher import barrier_rendezvous, exit_codes, rendezvous_poll
+from launcher import barrier_rendezvous, exit_codes, master_port, rendezvous_poll
 from launcher.options import UsageError, torchrun_default
 from launcher.path_checks import directory_problem
 from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
@@ -40,6 +40,7 @@ from launcher.torch_compat import LAUNCH_CONFIG_FIELDS, WORKER_SPEC_FIELDS
 logger = logging.getLogger(__name__)
 
 barrier_rendezvous.register()  # --rdzv-backend ft-barrier, through torch's registry
+master_port.install()  # each round's workers' store port below the ephemeral range (no EADDRINUSE race)
 
 MAX_NPROC_PER_NODE = 1024
 """Bound of ``--nproc-per-node`` (each worker also gets a rank monitor process)."""

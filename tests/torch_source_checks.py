@@ -690,11 +690,22 @@ def check_store_counter(src: TorchSource) -> Iterator[str]:
             yield f"{cls} no longer keeps self.{name} (launcher/store_counter.py swaps the store there)"
 
 
+def check_master_port(src: TorchSource) -> Iterator[str]:
+    """launcher/master_port.py replaces the ``get_free_port`` name of torch's rendezvous api module,
+    which ``RendezvousStoreInfo.build`` calls for the workers' store port of a fresh store."""
+    module = "torch.distributed.elastic.rendezvous.api"
+    build = next((node for node in ast.walk(src.cls(module, "RendezvousStoreInfo"))
+                  if isinstance(node, ast.FunctionDef) and node.name == "build"), None)
+    calls = {ast.unparse(c.func) for c in ast.walk(build) if isinstance(c, ast.Call)} if build else set()
+    if "get_free_port" not in calls:
+        yield "RendezvousStoreInfo.build no longer calls get_free_port() (launcher/master_port.py replaces it)"
+
+
 CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (
     check_hooks, check_start_workers_hands_us_envs, check_stop_workers, check_shutdown_timeout,
     check_invoke_run, check_private_attributes, check_data_we_read, check_environment_variables,
     check_launch_agent, check_launch_config, check_torchrun, check_our_imports, check_rendezvous_poll,
-    check_c10d_read_timeout, check_membership, check_store_counter,
+    check_c10d_read_timeout, check_membership, check_store_counter, check_master_port,
 )
 
 

@@ -182,3 +182,18 @@ def test_result_file_in_a_missing_directory_is_a_usage_error(tmp_path):
                           env={"FT_LAUNCHER_RESULT_FILE": str(missing)})
     assert result.returncode == 2, result.stderr
     assert f"FT_LAUNCHER_RESULT_FILE must be in an existing directory, got '{missing}'" in result.stderr
+
+
+def test_each_rounds_store_port_is_below_the_ephemeral_range(tmp_path):
+    # A fresh store per round: rank 0's worker binds MASTER_PORT seconds after the launcher chose it.
+    # A port from the kernel's ephemeral range could meanwhile become an outgoing connection's local
+    # port (EADDRINUSE, a crash of cycle 0 in CI); launcher/master_port.py picks one below the range.
+    from launcher.master_port import LOWEST_PORT, ephemeral_range
+
+    script = tmp_path / "print_port.py"
+    script.write_text("import os\nprint('MASTER_PORT', os.environ['MASTER_PORT'], flush=True)\n")
+    result = run_launcher(base_args(tmp_path, nproc=1) + [str(script)])
+    assert result.returncode == 0, result.stderr
+    ports = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("MASTER_PORT ")]
+    low, _ = ephemeral_range()
+    assert len(ports) == 1 and LOWEST_PORT <= ports[0] < low, (ports, low)

@@ -392,6 +392,17 @@ def test_static_checks_find_a_renamed_store_of_the_c10d_backend(tmp_path):
     assert any(p.startswith("check_store_counter") and "C10dRendezvousBackend" in p for p in problems), problems
 
 
+def test_static_checks_find_a_rendezvous_that_picks_its_port_another_way(tmp_path):
+    # launcher/master_port.py replaces the get_free_port that RendezvousStoreInfo.build calls
+    shutil.copytree(TORCH_SOURCES / "torch" / "distributed", tmp_path / "torch" / "distributed")
+    api_file = tmp_path / "torch" / "distributed" / "elastic" / "rendezvous" / "api.py"
+    text = api_file.read_text()
+    assert "server_port or get_free_port()" in text
+    api_file.write_text(text.replace("server_port or get_free_port()", "server_port or _any_port()"))
+    problems = run_checks(tmp_path)
+    assert any(p.startswith("check_master_port") for p in problems), problems
+
+
 def test_torchs_log_lines_that_name_a_pid_are_the_ones_we_rewrite():
     # launcher.agent._WorkerPidLogFilter makes these name the worker's own pid (under warm
     # restarts torch knows only the stand-in): the messages and argument positions must be torch's.
