@@ -8,8 +8,10 @@ states of all nodes are compared (each node publishes its own through the rendez
 
 0. A rank whose node left the job on request (``ExcludeThisNode``: a rank's request, or the
    straggler detector's replace action) is the root when no crash or hang came before that node's
-   leaving (allowing :data:`HOLDING_UP_SKEW` for the nodes' clocks): the leaving node publishes its
-   ranks as :data:`LEFT` before it kills them, and its peers' collectives fail because of that.
+   leaving and no rank made progress after it (each allowing :data:`HOLDING_UP_SKEW` for the
+   nodes' clocks): the leaving node publishes its ranks as :data:`LEFT` before it kills them, and
+   its peers' collectives fail because of that. A rank that progressed after the leaving was not
+   blocked by it: a workload without collectives can run on in the same round and fail later.
 1. A crash (a non-zero exit or a signal the launcher did not send) observed before any hang was
    detected is the root, with its own time: the earliest crash. A survivor whose timeout fires
    during the grace after a crash is collateral.
@@ -218,7 +220,8 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         s.event_at if s.event_at is not None else math.inf, _rank_key(s)))
     first_failure_at = min((s.event_at for s in states if s.outcome in (CRASH, HANG) and s.event_at is not None),
                            default=math.inf)
-    if left and (left[0].event_at is None or left[0].event_at - HOLDING_UP_SKEW <= first_failure_at):
+    if left and (left[0].event_at is None or left[0].event_at - HOLDING_UP_SKEW <= first_failure_at) \
+            and not _progressed_after(states, left[0]):
         return left[0]
     crashes = sorted((s for s in states if s.outcome == CRASH and s.event_at is not None),
                      key=lambda s: (s.event_at, _rank_key(s)))
@@ -245,6 +248,17 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
     if crashes:
         return crashes[0]
     return None
+
+
+def _progressed_after(states: Sequence[RankState], left: RankState) -> bool:
+    """Rule 0's exception: a rank made progress clearly after the node left (so it was not blocked
+    by the leaving: the failure came later, in the same round, for another reason). A rank whose
+    progress is unknown says nothing either way."""
+    if left.event_at is None:
+        return False
+    latest = left.event_at + HOLDING_UP_SKEW
+    return any(s.outcome != LEFT and math.isfinite(s.last_progress_at) and s.last_progress_at > latest
+               for s in states)
 
 
 def _holding_up(states: Sequence[RankState], hung: RankState) -> RankState | None:

@@ -92,6 +92,11 @@ def state(rank: int, outcome: str, *, at: float | None = None, last: float | Non
     pytest.param([state(0, HANG, at=T + 3, last=T - 1), state(1, LEFT, at=T, node="b", group=1)], 1,
                  id="left-then-hang"),
     pytest.param([state(0, CRASH, at=T - 5), state(1, LEFT, at=T, node="b", group=1)], 0, id="crash-long-before-left"),
+    # a rank that progressed after the node left was not blocked by it: a later failure of its own
+    pytest.param([state(0, CRASH, at=T + 60, last=T + 50), state(1, LEFT, at=T, node="b", group=1)], 0,
+                 id="crash-after-progress-since-left"),
+    pytest.param([state(0, CRASH, at=T + 0.05, last=T - 0.2), state(1, LEFT, at=T, node="b", group=1)], 1,
+                 id="left-while-the-crashed-rank-waited"),
 ])
 def test_the_root_is_the_rank_that_stopped_first(states, root):
     found = choose_root(states)
