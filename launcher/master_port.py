@@ -19,6 +19,7 @@ checks that it is still called there). Both torch's c10d rendezvous and
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import random
 import socket
@@ -56,7 +57,9 @@ def port_is_free(port: int) -> bool:
                     probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # IPv4 too
                 probe.bind((address, port))
                 probe.listen(1)
-            except OSError:
+            except OSError as err:
+                if family == socket.AF_INET6 and err.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    continue  # IPv6 disabled in the kernel: probe IPv4 alone
                 return False
         return True
     return False

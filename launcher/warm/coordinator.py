@@ -40,6 +40,7 @@ from ft_core.wire.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
 from ft_core.wire.osutil import signals_blocked
 from launcher.events import EventLog
 from launcher.records import WarmTemplateReady, WarmTemplateReplaced, WarmTemplateStarted
+from launcher.warm.zygote import PRELOAD_NICENESS
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ START_DELAY = 20.0
 ``LauncherOptions.warm_start_delay``)."""
 IDLE_START_AFTER = 10.0
 """A rendezvous that has waited this long with no template started yet starts it meanwhile."""
-IDLE_READY_WAIT = 60.0
+IDLE_READY_WAIT = 30.0
 """How long (from its start) the workers of the round wait for a template started during the
 rendezvous wait, if it is still importing: a cold worker would import the same modules, so
 waiting for the rest of the template's imports is the faster start; past this, they start cold."""
@@ -121,12 +122,14 @@ class WarmTemplate:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def start(self) -> None:
+    def start(self, preload_niceness: int = PRELOAD_NICENESS) -> None:
         """Start the template; it becomes usable once its imports are done.
 
         It starts with the step signals blocked (it takes them itself, see zygote.py), and with
         ``title_space`` bytes of padding in its command line: a forked worker writes its own
-        command line over the template's, which must be long enough for it.
+        command line over the template's, which must be long enough for it. It imports at
+        ``preload_niceness`` (19: only idle CPU, beside training workers; 0: as fast as the
+        launcher, when workers will wait for it).
         """
         read_fd, write_fd = os.pipe()
         env = dict(os.environ)
@@ -136,7 +139,8 @@ class WarmTemplate:
                 self._process = subprocess.Popen(
                     [sys.executable, ZYGOTE, "--socket", self.socket_path, "--parent-pid", str(os.getpid()),
                      "--preload", ",".join(self.preload), "--ready-fd", str(write_fd),
-                     "--title-space", "." * min(self.title_space, MAX_TITLE_SPACE)],
+                     "--title-space", "." * min(self.title_space, MAX_TITLE_SPACE),
+                     "--preload-niceness", str(preload_niceness)],
                     env=env, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True,
                 )
         finally:
@@ -318,7 +322,7 @@ class WarmCoordinator:
                 return
             logger.info("waited %.0f s in the rendezvous: starting the warm template meanwhile, so that this "
                         "node's workers start warm when it gets a place", self._idle_start_after)
-            self.template.start()
+            self.template.start(preload_niceness=0)  # no training here to yield to; workers will wait for it
             self._started_while_waiting = True
             self._events.record_event(WarmTemplateStarted(cycle=cycle, pid=self.template.pid))
 

@@ -98,11 +98,13 @@ class _Pending:
 class Zygote:
     """Serves spawn requests; see the module docstring."""
 
-    def __init__(self, socket_path: str, parent_pid: int, preload: list[str], report_fd: int | None = None) -> None:
+    def __init__(self, socket_path: str, parent_pid: int, preload: list[str], report_fd: int | None = None,
+                 preload_niceness: int = PRELOAD_NICENESS) -> None:
         self.socket_path = socket_path
         self.parent_pid = parent_pid
         self.preload = preload
         self.report_fd = report_fd
+        self.preload_niceness = preload_niceness
         self.selector = selectors.DefaultSelector()
         self.connections: dict[int, _Pending] = {}
         self.workers: dict[int, _Pending] = {}
@@ -131,9 +133,12 @@ class Zygote:
         def import_all() -> None:
             # The template imports while the cycle's workers start and train: at the lowest
             # priority it takes only idle CPU. Niceness is per thread on Linux, so the main
-            # thread, which forks the workers, keeps the launcher's.
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PRELOAD_NICENESS)
+            # thread, which forks the workers, keeps the launcher's. A template started while
+            # its node waits in a rendezvous (niceness 0) has no training to yield to, and the
+            # node's next workers wait for it.
+            if self.preload_niceness:
+                with contextlib.suppress(OSError):
+                    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.preload_niceness)
             try:
                 for name in self.preload:
                     if self.stopping:
@@ -406,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a pipe for the ready line, then one line per forked worker")
     parser.add_argument("--title-space", default="",
                         help="padding that reserves room for the workers' command lines")
+    parser.add_argument("--preload-niceness", type=int, default=PRELOAD_NICENESS,
+                        help="niceness of the importing thread (0: the launcher's priority)")
     args = parser.parse_args(argv)
     # The launcher starts us with these blocked already; a template started by hand too.
     signal.pthread_sigmask(signal.SIG_BLOCK, STEP_SIGNALS)
@@ -413,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         set_process_title(f"ft_launcher warm template (launcher pid {args.parent_pid})")
     if args.ready_fd is not None:
         os.set_blocking(args.ready_fd, False)  # a launcher that stops reading must not stall us
-    zygote = Zygote(args.socket, args.parent_pid, [m for m in args.preload.split(",") if m], args.ready_fd)
+    zygote = Zygote(args.socket, args.parent_pid, [m for m in args.preload.split(",") if m], args.ready_fd,
+                    args.preload_niceness)
     zygote.watch_signals()
     failed = zygote.preload_modules()
     if zygote.stopping:  # told to stop while importing: nothing to serve, no worker to stop

@@ -206,7 +206,12 @@ def test_a_node_gone_silent_is_named_as_the_root_not_a_rank_that_waited_for_it(t
     stopped: list[int] = []
     try:
         # both ranks have formed the gloo group and stepped together once
-        wait_for(lambda: all(list((tmp_path / n).glob("cycle0_rank*.json")) for n in nodes), 90, "both ranks training")
+        try:
+            wait_for(lambda: all(list((tmp_path / n).glob("cycle0_rank*.json")) for n in nodes), 90,
+                     "both ranks training")
+        except AssertionError as err:  # what each launcher had done (a spare? a cold or a waiting start?)
+            kinds = {n: [e["event"] for e in read_events(tmp_path / n / "events.jsonl")] for n in nodes}
+            raise AssertionError(f"{err}: events so far {kinds}") from None
         b_group = events_of(read_events(tmp_path / "b" / "events.jsonl"), "cycle_start")[0]["group_rank"]
         os.killpg(b.pid, signal.SIGSTOP)  # the launcher first: it must not see its rank stop
         stopped = [b.pid, *live_descendants(b.pid)]
