@@ -370,36 +370,35 @@ def test_static_checks_pass_on_the_installed_torch():
     assert run_checks(TORCH_SOURCES) == []
 
 
-def test_static_checks_find_a_changed_hook(tmp_path):
+def problems_with_an_edit(tmp_path: Path, relative: str, old: str, new: str) -> list[str]:
+    """The static checks' problems on a copy of the installed torch.distributed with ``old``
+    replaced by ``new`` in ``relative`` (a path under torch/distributed/elastic)."""
     shutil.copytree(TORCH_SOURCES / "torch" / "distributed", tmp_path / "torch" / "distributed")
-    agent = tmp_path / "torch" / "distributed" / "elastic" / "agent" / "server" / "local_elastic_agent.py"
-    text = agent.read_text()
-    assert "def _setup_local_watchdog(self, envs" in text
-    agent.write_text(text.replace("def _setup_local_watchdog(self, envs",
-                                  "def _setup_local_watchdog(self, worker_envs"))
-    problems = run_checks(tmp_path)
+    edited = tmp_path / "torch" / "distributed" / "elastic" / relative
+    text = edited.read_text()
+    assert old in text
+    edited.write_text(text.replace(old, new))
+    return run_checks(tmp_path)
+
+
+def test_static_checks_find_a_changed_hook(tmp_path):
+    problems = problems_with_an_edit(tmp_path, "agent/server/local_elastic_agent.py",
+                                     "def _setup_local_watchdog(self, envs",
+                                     "def _setup_local_watchdog(self, worker_envs")
     assert len(problems) == 1 and "_setup_local_watchdog" in problems[0], problems
 
 
 def test_static_checks_find_a_renamed_store_of_the_c10d_backend(tmp_path):
     # launcher/store_counter.py (FT_STORE_COUNTS) swaps C10dRendezvousBackend._store
-    shutil.copytree(TORCH_SOURCES / "torch" / "distributed", tmp_path / "torch" / "distributed")
-    backend = tmp_path / "torch" / "distributed" / "elastic" / "rendezvous" / "c10d_rendezvous_backend.py"
-    text = backend.read_text()
-    assert "self._store = store" in text
-    backend.write_text(text.replace("self._store = store", "self._the_store = store"))
-    problems = run_checks(tmp_path)
+    problems = problems_with_an_edit(tmp_path, "rendezvous/c10d_rendezvous_backend.py",
+                                     "self._store = store", "self._the_store = store")
     assert any(p.startswith("check_store_counter") and "C10dRendezvousBackend" in p for p in problems), problems
 
 
 def test_static_checks_find_a_rendezvous_that_picks_its_port_another_way(tmp_path):
     # launcher/master_port.py replaces the get_free_port that RendezvousStoreInfo.build calls
-    shutil.copytree(TORCH_SOURCES / "torch" / "distributed", tmp_path / "torch" / "distributed")
-    api_file = tmp_path / "torch" / "distributed" / "elastic" / "rendezvous" / "api.py"
-    text = api_file.read_text()
-    assert "server_port or get_free_port()" in text
-    api_file.write_text(text.replace("server_port or get_free_port()", "server_port or _any_port()"))
-    problems = run_checks(tmp_path)
+    problems = problems_with_an_edit(tmp_path, "rendezvous/api.py",
+                                     "server_port or get_free_port()", "server_port or _any_port()")
     assert any(p.startswith("check_master_port") for p in problems), problems
 
 
