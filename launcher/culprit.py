@@ -216,13 +216,13 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         A reported rank; for rule 4 the :func:`lost_root` of ``lost``; None if nobody failed.
     """
     states = list(states)
-    left = sorted((s for s in states if s.outcome == LEFT), key=lambda s: (
+    left = min((s for s in states if s.outcome == LEFT), default=None, key=lambda s: (
         s.event_at if s.event_at is not None else math.inf, _rank_key(s)))
     first_failure_at = min((s.event_at for s in states if s.outcome in (CRASH, HANG) and s.event_at is not None),
                            default=math.inf)
-    if left and (left[0].event_at is None or left[0].event_at - HOLDING_UP_SKEW <= first_failure_at) \
-            and not _progressed_after(states, left[0]):
-        return left[0]
+    if left is not None and (left.event_at is None or left.event_at - HOLDING_UP_SKEW <= first_failure_at) \
+            and not _progressed_after(states, left):
+        return left
     crashes = sorted((s for s in states if s.outcome == CRASH and s.event_at is not None),
                      key=lambda s: (s.event_at, _rank_key(s)))
     hangs = [s for s in states if s.outcome == HANG]

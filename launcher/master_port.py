@@ -5,10 +5,10 @@ The launcher gives every rendezvous round a fresh store (``TORCH_DISABLE_SHARE_R
 ``get_free_port()``: bind port 0, read the number, close. Rank 0's worker binds it seconds later,
 after its imports. The kernel picks port 0's number from ``ip_local_port_range``, the same range
 it gives every outgoing connection of the host as its local port, so on a busy host an outgoing
-connection can take the port first, and rank 0 fails with ``EADDRINUSE`` (seen in CI: a crash of
-cycle 0, ``The server socket has failed to listen ... address already in use``). Ports below that
-range are never handed to outgoing connections; only a program that binds one on purpose can
-take it.
+connection can take the port first, and rank 0 fails with ``EADDRINUSE`` (seen in a loaded
+``.ci/run``: a crash of cycle 0, ``The server socket has failed to listen ... address already in
+use``). Ports below that range are never handed to outgoing connections; only a program that
+binds one on purpose can take it.
 
 :func:`install` puts :func:`pick_master_port` in the place of the name torch's rendezvous calls
 (``torch.distributed.elastic.rendezvous.api.get_free_port``; ``tests/torch_source_checks.py``
