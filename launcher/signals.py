@@ -4,11 +4,13 @@ docs/launcher.md ("Signals") has the table for every signal and every way it can
 
 - SIGTERM, SIGINT, SIGHUP, SIGQUIT (:data:`STOP_SIGNALS`) stop the run: the first (by arrival,
   even when Python runs a later one's handler first: it runs pending handlers in signal-number
-  order) raises torch's ``SignalException`` in the main thread, the agent stops the workers
-  (SIGKILL after ``--term-timeout``), the launcher cleans up and exits 0 if every worker exited 0
-  within the timeout, else 1. A second one while stopping is logged and changes nothing; a third forces the
-  stop at once (SIGKILL to every process of the run, run directory removed, result recorded, exit
-  128+N). A watchdog forces it too if the stop takes longer than ``--term-timeout`` + 30 s.
+  order; two that reach the process while none of its threads runs are pending together in the
+  kernel, which keeps no order for them) raises torch's ``SignalException`` in the main thread,
+  the agent stops the workers (SIGKILL after ``--term-timeout``), the launcher cleans up and exits
+  0 if every worker exited 0 within the timeout, else 1. A second one while stopping is logged and
+  changes nothing; a third forces the stop at once (SIGKILL to every process of the run, run
+  directory removed, result recorded, exit 128+N). A watchdog forces it too if the stop takes
+  longer than ``--term-timeout`` + 30 s.
 - Every other signal of :data:`ft_core.wire.osutil.STEP_SIGNALS` (:data:`RELAYED_SIGNALS`: SIGUSR1,
   SIGUSR2, SIGALRM, ...) is for the workers; the launcher keeps running.
 
