@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 # Test processes for make test: most tests wait on launchers and subprocesses, so two share the
-# 2 cores well (7 min instead of 9 on this machine kind). PYTEST_WORKERS=0 runs them in-process.
+# 2 cores well. PYTEST_WORKERS=0 runs them in-process.
 PYTEST_WORKERS ?= 2
 # --durations=30 in make test: every log (CI's too) lists the slowest tests; .ci/run must stay
 # under 30 minutes on 2 cores.
