@@ -57,6 +57,8 @@ CI_LEAVES_OUT: dict[str, str] = {
     "_forever[min-healthy]":
         "[any-failed]: the same waiting nodes; min-healthy's own rule has test_min_healthy_waits_while_enough_nodes_"
         "are_healthy",
+    "tests/integration/test_job_suspend.py::test_a_monitor_stopped_with_its_rank_reports_no_hang[rank-first]":
+        "[monitor-first], the other order of the same two SIGSTOPs, and the job-wide suspend test",
     "tests/integration/test_detection.py::test_signals_that_cannot_end_a_rank_are_refused[STOP]":
         "[SIGSTOP]: another spelling of the same signal (tests/unit/test_stacks.py parses every spelling)",
     "tests/integration/test_detection.py::test_signals_that_cannot_end_a_rank_are_refused[19]":

@@ -1,5 +1,6 @@
 """ft_launcher's command line: every torchrun flag, every FT flag spelling, precedence, errors."""
 
+import json
 import os
 import subprocess
 import sys
@@ -96,9 +97,7 @@ def test_ft_param_help_and_metavar_come_from_the_field_declarations():
         assert action.metavar == FaultToleranceConfig.field_spec(field).metavar
 
 
-@pytest.mark.parametrize(
-    ("argv", "fragments"),
-    [
+INVALID_VALUES = [
         (["--ft-param-rank_heartbeat_timeout", "-3"], ["--ft-param-rank_heartbeat_timeout", "'-3'"]),
         (["--ft-rank-section-timeouts", "step"], ["--ft-param-rank_section_timeouts", "'step'"]),
         (["--restart-policy", "never"], ["restart_policy", "'never'"]),
@@ -117,18 +116,58 @@ def test_ft_param_help_and_metavar_come_from_the_field_declarations():
         (["--monitor-interval", "1e309"], ["--monitor-interval", "inf"]),
         (["--nproc-per-node", "0"], ["--nproc-per-node", "got 0"]),
         (["--nproc-per-node", "-2"], ["--nproc-per-node", "got -2"]),
-    ],
-)
-def test_invalid_values_fail_before_anything_starts(argv, fragments, tmp_path):
-    marker = tmp_path / "started"
-    script = tmp_path / "w.py"
-    script.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    out = subprocess.run(FT + ["--standalone", *argv, str(script)], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2, out.stderr
+]
+
+# Each case runs ft_launcher's main() in one helper process (torch is imported once, not once per
+# case: 17 interpreters cost ~1 minute of CPU): the exit code, what it wrote to stderr, and whether
+# the training script ran (it would create its marker file).
+USAGE_ERRORS_HELPER = """
+import contextlib, io, json, sys, traceback
+from launcher.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    code = None
+    with contextlib.redirect_stderr(err):
+        try:
+            main(argv)
+        except SystemExit as exc:
+            code = exc.code
+        except BaseException:
+            traceback.print_exc()
+    results.append({"code": code, "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def usage_errors(tmp_path_factory) -> list[dict]:
+    """For each INVALID_VALUES case: ft_launcher's exit code, stderr and whether its script ran."""
+    tmp = tmp_path_factory.mktemp("usage")
+    argvs = []
+    for index, (argv, _fragments) in enumerate(INVALID_VALUES):
+        script = tmp / f"w{index}.py"
+        script.write_text(f"open({str(tmp / f'started{index}')!r}, 'w').close()\n")
+        argvs.append(["--standalone", *argv, str(script)])
+    out = subprocess.run([sys.executable, "-c", USAGE_ERRORS_HELPER, json.dumps(argvs)], capture_output=True,
+                         text=True, timeout=90)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.splitlines()[-1])
+    for index, result in enumerate(results):
+        result["started"] = (tmp / f"started{index}").exists()
+    return results
+
+
+@pytest.mark.parametrize("case", range(len(INVALID_VALUES)),
+                         ids=[" ".join(argv) for argv, _fragments in INVALID_VALUES])
+def test_invalid_values_fail_before_anything_starts(usage_errors, case):
+    _argv, fragments = INVALID_VALUES[case]
+    result = usage_errors[case]
+    assert result["code"] == 2, result["stderr"]
     for fragment in fragments:
-        assert fragment in out.stderr
-    assert "Traceback" not in out.stderr
-    assert not marker.exists()
+        assert fragment in result["stderr"]
+    assert "Traceback" not in result["stderr"]
+    assert not result["started"]
 
 
 def test_yaml_with_wrong_types_names_the_file(tmp_path):
