@@ -31,9 +31,11 @@ signature and private torch attribute used here against the installed torch.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import queue
 import signal
 import time
@@ -390,6 +392,41 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     # ------------------------------------------------------------------ monitoring
 
+    def _torch_monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        """torch's poll, which survives a worker's error file that is not JSON.
+
+        torch reads a failed worker's error file with ``json.load`` and lets a decode error end
+        the launcher. The file is empty or cut short when the worker died while writing it (a
+        SIGKILL in the middle of torch's ``json.dump``). Such a file is removed with a warning,
+        and the failure is judged by the exit code, as for a worker that wrote none.
+        """
+        try:
+            return super()._monitor_workers(worker_group)
+        except ValueError:  # json.JSONDecodeError
+            if not self._drop_unreadable_error_files():
+                raise
+            return super()._monitor_workers(worker_group)
+
+    def _drop_unreadable_error_files(self) -> bool:
+        """Remove the workers' error files that do not parse as JSON; True if there was one."""
+        pcontext = getattr(self, "_pcontext", None)
+        dropped = False
+        for local_rank, path in dict(getattr(pcontext, "error_files", None) or {}).items():
+            if not os.path.isfile(path):  # none written, or os.devnull (torch's stand-in)
+                continue
+            try:
+                with open(path, encoding="utf-8", errors="replace") as file:
+                    json.load(file)
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError):
+                logger.warning("local rank %s's error file %s is not JSON (empty or cut short: the worker died "
+                               "while writing it); its failure is judged by its exit code", local_rank, path)
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                dropped = True
+        return dropped
+
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Wait up to the monitor interval, returning early when anything happens.
         processes.wait_for_any([*self._workers.fds(), *self._monitors.filenos(), self._control.notify_fileno()],
@@ -417,7 +454,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             self._workers.terminate([self._pids[r] for r in hung], 0.0, signal.SIGKILL)
         if self._clean_ends.others_still_running(self._raw_statuses()):
             return RunResult(state=WorkerState.HEALTHY)  # torch's poll would stop the others
-        result = super()._monitor_workers(worker_group)
+        result = self._torch_monitor_workers(worker_group)
         if result.state == WorkerState.FAILED and result.failures:
             result = self._excuse_aborts_at_exit(worker_group, result)
         # Monitors report a hang before they signal the rank, so every hang behind a death

@@ -197,3 +197,16 @@ def test_each_rounds_store_port_is_below_the_ephemeral_range(tmp_path):
     ports = [int(line.split()[1]) for line in result.stdout.splitlines() if line.startswith("MASTER_PORT ")]
     low, _ = ephemeral_range()
     assert len(ports) == 1 and LOWEST_PORT <= ports[0] < low, (ports, low)
+
+
+def test_a_worker_error_file_cut_short_is_a_failure_not_a_launcher_traceback(tmp_path):
+    # torch's poll json.loads a failed worker's error file; one left empty by a worker killed while
+    # writing it ended the launcher with a JSONDecodeError traceback (seen in a loaded .ci/run).
+    script = Path(__file__).resolve().parents[1] / "workers" / "broken_error_file.py"
+    result = run_launcher(base_args(tmp_path, "--max-restarts", "0") + [str(script)])
+    assert result.returncode == 1, result.stderr[-4000:]
+    # torch logs the decode error's traceback itself before it re-raises; the launcher goes on
+    assert "launcher/cli.py" not in result.stderr and "result: failed (exit code 1)" in result.stderr, \
+        result.stderr[-4000:]
+    assert "error file" in result.stderr and "is not JSON" in result.stderr, result.stderr[-4000:]
+    assert [e["outcome"] for e in events_of(read_events(tmp_path / "events.jsonl"), "result")] == ["failed"]
