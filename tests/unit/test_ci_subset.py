@@ -25,4 +25,3 @@ def test_every_test_ci_leaves_out_exists_and_is_marked_extended():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     collected = sorted(line for line in result.stdout.splitlines() if "::" in line)
     assert collected == ids, result.stdout[-3000:]
-

@@ -98,24 +98,24 @@ def test_ft_param_help_and_metavar_come_from_the_field_declarations():
 
 
 INVALID_VALUES = [
-        (["--ft-param-rank_heartbeat_timeout", "-3"], ["--ft-param-rank_heartbeat_timeout", "'-3'"]),
-        (["--ft-rank-section-timeouts", "step"], ["--ft-param-rank_section_timeouts", "'step'"]),
-        (["--restart-policy", "never"], ["restart_policy", "'never'"]),
-        (["--ft-param-rank_termination_signal", "SIGFOO"], ["rank_termination_signal", "SIGFOO"]),
-        (["--ft-cfg-path", "/nonexistent/ft.yaml"], ["/nonexistent/ft.yaml"]),
-        (["--ft-param-no_such_field", "1"], ["unrecognized arguments", "--ft-param-no_such_field"]),
-        (["--term-timeout", "-1"], ["--term-timeout", "-1"]),
-        (["--term-timeout", "nan"], ["--term-timeout", "nan"]),
-        (["--term-timeout", "inf"], ["--term-timeout", "inf"]),
-        (["--term-timeout", "1e9"], ["--term-timeout", "'1e9'"]),
-        (["--term-timeout", "1e309"], ["--term-timeout", "'1e309'"]),  # was a traceback (OverflowError)
-        (["--term-timeout", "soon"], ["--term-timeout", "'soon'"]),
-        # torchrun's numbers that go into our WorkerSpec and wait loop: were tracebacks
-        (["--monitor-interval", "nan"], ["--monitor-interval", "nan"]),
-        (["--monitor-interval", "0"], ["--monitor-interval", "> 0 and <= 3600"]),
-        (["--monitor-interval", "1e309"], ["--monitor-interval", "inf"]),
-        (["--nproc-per-node", "0"], ["--nproc-per-node", "got 0"]),
-        (["--nproc-per-node", "-2"], ["--nproc-per-node", "got -2"]),
+    (["--ft-param-rank_heartbeat_timeout", "-3"], ["--ft-param-rank_heartbeat_timeout", "'-3'"]),
+    (["--ft-rank-section-timeouts", "step"], ["--ft-param-rank_section_timeouts", "'step'"]),
+    (["--restart-policy", "never"], ["restart_policy", "'never'"]),
+    (["--ft-param-rank_termination_signal", "SIGFOO"], ["rank_termination_signal", "SIGFOO"]),
+    (["--ft-cfg-path", "/nonexistent/ft.yaml"], ["/nonexistent/ft.yaml"]),
+    (["--ft-param-no_such_field", "1"], ["unrecognized arguments", "--ft-param-no_such_field"]),
+    (["--term-timeout", "-1"], ["--term-timeout", "-1"]),
+    (["--term-timeout", "nan"], ["--term-timeout", "nan"]),
+    (["--term-timeout", "inf"], ["--term-timeout", "inf"]),
+    (["--term-timeout", "1e9"], ["--term-timeout", "'1e9'"]),
+    (["--term-timeout", "1e309"], ["--term-timeout", "'1e309'"]),  # was a traceback (OverflowError)
+    (["--term-timeout", "soon"], ["--term-timeout", "'soon'"]),
+    # torchrun's numbers that go into our WorkerSpec and wait loop: were tracebacks
+    (["--monitor-interval", "nan"], ["--monitor-interval", "nan"]),
+    (["--monitor-interval", "0"], ["--monitor-interval", "> 0 and <= 3600"]),
+    (["--monitor-interval", "1e309"], ["--monitor-interval", "inf"]),
+    (["--nproc-per-node", "0"], ["--nproc-per-node", "got 0"]),
+    (["--nproc-per-node", "-2"], ["--nproc-per-node", "got -2"]),
 ]
 
 # Each case runs ft_launcher's main() in one helper process (torch is imported once, not once per
