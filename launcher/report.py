@@ -1,17 +1,20 @@
 """``ft_report``: what happened in a run, from its event log.
 
-``ft_report RUN_DIR_OR_EVENTS [--plot timeline.png] [--json]`` reads the event log that
+``ft_report RUN_DIR_OR_EVENTS... [--plot timeline.png] [--json]`` reads the event logs that
 ``ft_launcher`` appends to (``<--log-dir>/ft_events.jsonl``, or ``ft_events.jsonl`` in the run
-directory of ``scripts/autoresume.sh``; every attempt, every node appends to it) and, in a run
-directory, autoresume's ``history.tsv``. It prints a timeline, oldest first:
+directory of ``scripts/autoresume.sh``; every attempt, every node appends to it; or one log per
+node, ``--ft-event-log DIR/{node}.jsonl``: a directory's ``*.jsonl`` event logs, or several files)
+and autoresume's ``history.tsv`` (in the directory, or its parent), all as one run. It prints a
+timeline, oldest first:
 
 * each launcher run (an autoresume attempt on one node: run id, workers, restarts allowed),
 * each cycle (workers started; for a restart, how long after the failure; workers ready),
 * each failure, root cause first, then the workers stopped as a consequence (when the root was
   a node that sent no report, lost or cut off, the cause its survivors recorded stands as the
   root cause),
-* restarts caused by other nodes, workload control requests, each launcher's result, and
-  autoresume's decision after each attempt (resume, finished, stop);
+* restarts caused by other nodes, workload control requests, graceful stops (each node's ranks
+  and the step they stopped after), each launcher's result, and autoresume's decision after each
+  attempt (resume, finished, stop);
 
 then the run's figures, computed by :mod:`launcher.goodput` as ``bench/goodput.py`` computes
 ours: goodput and the mean time to recover. The event log does not know training steps, so here
@@ -53,7 +56,6 @@ from launcher.records import (
     WorkersReady,
 )
 
-EVENT_LOG_GLOB = "ft_events*.jsonl"
 HISTORY_FILE = "history.tsv"
 _LOST = "lost"  # launcher.culprit.LOST: the root was a node that sent no view of the failure
 LOST_NODE_KIND = "lost node"
@@ -123,17 +125,75 @@ class Report:
 
 
 def _event_files(path: Path) -> tuple[list[Path], Optional[Path]]:
+    """One argument's event logs and the ``history.tsv`` that goes with them (None: none).
+
+    A directory: its ``*.jsonl`` files that hold event records (``ft_events.jsonl``, the per-node
+    ``{node}.jsonl`` of ``--ft-event-log``), else those of its subdirectories (an ``events/``
+    directory in autoresume's run directory); ``history.tsv`` there or in its parent. A file:
+    that log (or a ``history.tsv``), with the ``history.tsv`` of its directory or that one's parent.
+    """
     if path.is_dir():
-        files = sorted(path.glob(EVENT_LOG_GLOB))
+        files = [f for f in sorted(path.glob("*.jsonl")) if _holds_records(f)]
         if not files:
-            raise ReportError(f"no event log ({EVENT_LOG_GLOB}) in {path}: pass the run directory of "
-                              "autoresume.sh, the --log-dir of ft_launcher, or the --ft-event-log file")
-        history = path / HISTORY_FILE
-        return files, history if history.is_file() else None
+            files = [f for f in sorted(path.glob("*/*.jsonl")) if _holds_records(f)]
+        if not files:
+            raise ReportError(f"no event log (*.jsonl with event records) in {path} or its subdirectories: pass "
+                              "the run directory of autoresume.sh, the --log-dir of ft_launcher, the directory or "
+                              "files of --ft-event-log")
+        return files, _history_near(path)
     if path.is_file():
-        history = path.parent / HISTORY_FILE
-        return [path], history if history.is_file() else None
+        if path.name == HISTORY_FILE:
+            return [], path
+        return [path], _history_near(path.parent)
     raise ReportError(f"{path} does not exist")
+
+
+def _history_near(directory: Path) -> Optional[Path]:
+    """autoresume's ``history.tsv`` in ``directory`` or its parent (per-node event logs often
+    live in a subdirectory of the run directory), or None."""
+    for place in (directory, directory.parent):
+        history = place / HISTORY_FILE
+        if history.is_file():
+            return history
+    return None
+
+
+def _holds_records(path: Path) -> bool:
+    """Whether a ``.jsonl`` file found in a directory is an event log: its first line is a record
+    (another program's JSON lines there are left out, not counted as unreadable)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as stream:
+            for line in stream:
+                if line.strip():
+                    return kinds.parse_line(line)[0] is not None
+    except OSError:
+        return True  # read_events reports why it cannot be read
+    return False
+
+
+def _inputs(paths: Sequence[str | Path]) -> tuple[list[Path], Optional[Path]]:
+    """Every argument's event logs (each file once) and the one ``history.tsv`` among them.
+
+    Raises:
+        ReportError: An argument holds nothing readable, or two different histories are found.
+    """
+    files: dict[Path, None] = {}
+    histories: dict[Path, None] = {}
+    for path in paths:
+        found, history = _event_files(Path(path))
+        files.update(dict.fromkeys(found))
+        if history is not None:
+            histories[history] = None
+    unique = {h.resolve(): h for h in histories}
+    if len(unique) > 1:
+        raise ReportError("more than one autoresume history.tsv (" + ", ".join(map(str, unique.values()))
+                          + "): pass the event logs of one run")
+    if not files:
+        raise ReportError("no event log among " + ", ".join(map(str, paths)) + ": pass the event logs too")
+    seen: dict[Path, Path] = {}
+    for file in files:
+        seen.setdefault(file.resolve(), file)
+    return list(seen.values()), next(iter(unique.values()), None)
 
 
 def read_events(files: Iterable[Path]) -> tuple[list[EventRecord], int]:
@@ -241,13 +301,14 @@ def _failed_at(failure: Failure) -> float:
     return failure.detected_at if failure.detected_at is not None else _ts(failure)
 
 
-def load(path: str | Path) -> Report:
-    """Read a run directory or an event log file.
+def load(paths: str | Path | Sequence[str | Path]) -> Report:
+    """Read run directories, directories of event logs and event log files (one or several) as one
+    run: every node's log and autoresume's ``history.tsv`` in one timeline.
 
     Raises:
         ReportError: Nothing readable there.
     """
-    files, history = _event_files(Path(path))
+    files, history = _inputs([paths] if isinstance(paths, (str, Path)) else list(paths))
     found, skipped = read_events(files)
     if not found:
         raise ReportError(f"no event records in {', '.join(str(f) for f in files)}")
@@ -319,6 +380,7 @@ def figures(report: Report) -> dict[str, Any]:
     result["launcher_runs"] = len(report.runs)
     result["attempts"] = len(report.attempts) or len({(r.attempt, r.run_id) for r in report.runs})
     result["finished"], result["finished_flag_file"] = finished(report)
+    result["graceful_stops"] = graceful_stops(report)
     return result
 
 
@@ -435,10 +497,57 @@ def timeline_lines(report: Report) -> list[str]:
                 add(_ts(record), f"{where} {straggler_text(record)}")
             elif isinstance(record, (kinds.MonitorDied, kinds.MonitorReplaced, kinds.LeftoversKilled)):
                 add(_ts(record), f"{where} {record.EVENT.replace('_', ' ')}")
+        by_cycle: dict[Any, list[kinds.GracefulStopped]] = {}
+        for record in run.events:
+            if isinstance(record, kinds.GracefulStopped):
+                by_cycle.setdefault(record.cycle, []).append(record)
+        for cycle_index, stops in by_cycle.items():
+            add(max(map(_ts, stops)), f"{where} cycle {_or_unknown(cycle_index)}: {graceful_stop_text(stops)}", 2)
         if run.result is not None:
             add(_ts(run.result), f"{where} ft_launcher ended: {run.result.outcome} "
                                  f"(exit code {run.result.exit_code})", 3)
     return [text for _, _, text in sorted(items, key=lambda item: (item[0], item[1]))]
+
+
+def graceful_stop_text(stops: Sequence[kinds.GracefulStopped]) -> str:
+    """One node's ``graceful_stop`` records of a cycle in words: the signal, the ranks, the step
+    (each rank's, when they differ: they should not)."""
+    signals = "/".join(sorted({s.signal for s in stops if s.signal})) or "a stop signal"
+    ranks = sorted(stops, key=lambda s: (s.rank is None, s.rank or 0))
+    steps = {s.step for s in ranks}
+    if len(steps) == 1:
+        who = ", ".join(_or_unknown(s.rank) for s in ranks)
+        return f"graceful stop on {signals}: rank{'s' if len(ranks) > 1 else ''} {who} stopped after step " \
+               f"{_or_unknown(ranks[0].step)}"
+    each = ", ".join(f"rank {_or_unknown(s.rank)} after step {_or_unknown(s.step)}" for s in ranks)
+    return f"graceful stop on {signals}: ranks stopped after DIFFERENT steps: {each}"
+
+
+def graceful_stops(report: Report) -> list[dict[str, Any]]:
+    """Every graceful stop of the run, one per run id (an autoresume attempt: all its nodes),
+    oldest first: ``run_id``, ``attempt``, ``signal``, ``steps`` (node -> the sorted steps its
+    ranks stopped after), ``ranks`` (how many reported) and ``same_step`` (every rank of every
+    node stopped after the same step, as they must)."""
+    found: dict[Any, dict[str, Any]] = {}
+    for run in report.runs:
+        for record in run.events:
+            if not isinstance(record, kinds.GracefulStopped):
+                continue
+            entry = found.setdefault(run.run_id, {"run_id": run.run_id, "attempt": run.attempt, "signal": set(),
+                                                  "steps": {}, "ranks": 0})
+            if record.signal:
+                entry["signal"].add(record.signal)
+            entry["steps"].setdefault(run.node, set()).add(record.step)
+            entry["ranks"] += 1
+    result = []
+    for entry in found.values():
+        all_steps = {step for steps in entry["steps"].values() for step in steps}
+        entry["same_step"] = len(all_steps) == 1 and None not in all_steps
+        entry["signal"] = "/".join(sorted(entry["signal"])) or None
+        entry["steps"] = {node: sorted(steps, key=lambda v: (v is None, v or 0)) for node, steps in
+                          entry["steps"].items()}
+        result.append(entry)
+    return result
 
 
 def straggler_text(record: kinds.Straggler) -> str:
@@ -460,6 +569,18 @@ def figure_lines(values: dict[str, Any]) -> list[str]:
     flag = values.get("finished_flag_file")
     finished = {True: f"yes (flag file present{': ' + flag if flag else ''})",
                 False: f"no{' (no flag file at ' + flag + ')' if flag else ''}", None: "-"}[values["finished"]]
+    stops = []
+    for stop in values.get("graceful_stops", []):
+        attempt = f"attempt {stop['attempt']}, " if stop["attempt"] is not None else ""
+        nodes = len(stop["steps"])
+        if stop["same_step"]:
+            step = next(iter(stop["steps"].values()))[0]
+            what = (f"every rank that reported ({stop['ranks']} on {nodes} node(s)) stopped after step {step} "
+                    f"on {stop['signal'] or 'a stop signal'}")
+        else:
+            each = "; ".join(f"{node}: {', '.join(map(_or_unknown, steps))}" for node, steps in stop["steps"].items())
+            what = f"the ranks stopped after DIFFERENT steps on {stop['signal'] or 'a stop signal'}: {each}"
+        stops.append(f"graceful stop ({attempt}run id {stop['run_id']}): {what}")
     return [
         f"wall time {values['wall_s']:.1f} s; {values['attempts']} attempt(s), {values['launcher_runs']} launcher "
         f"run(s), {values['cycles']} cycle(s); finished: {finished}",
@@ -468,6 +589,7 @@ def figure_lines(values: dict[str, Any]) -> list[str]:
         "since the last checkpoint is not in the event log)",
         f"mean time to recover {_seconds(values['mttr_s'])} over {values['recoveries']} recover(ies) (failure "
         f"detected -> workers ready again){'; by kind: ' + by_kind if by_kind else ''}",
+        *stops,
     ]
 
 
@@ -492,14 +614,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Console entry point of ``ft_report``: 0, or 2 when the input cannot be read."""
     parser = argparse.ArgumentParser(
         prog="ft_report", description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-        epilog="RUN_DIR_OR_EVENTS: autoresume.sh's run directory (its ft_events.jsonl and history.tsv), "
-               "ft_launcher's --log-dir, or an --ft-event-log file.")
-    parser.add_argument("path", metavar="RUN_DIR_OR_EVENTS")
+        epilog="RUN_DIR_OR_EVENTS (one or more, read as one run): autoresume.sh's run directory (its "
+               "ft_events.jsonl and history.tsv), ft_launcher's --log-dir, a directory of per-node event logs "
+               "(--ft-event-log DIR/{node}.jsonl: every *.jsonl there), or event log files.")
+    parser.add_argument("paths", metavar="RUN_DIR_OR_EVENTS", nargs="+")
     parser.add_argument("--plot", metavar="FILE", help="also draw the timeline to FILE (.png, .svg, .pdf)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON instead of text")
     args = parser.parse_args(argv)
     try:
-        report = load(args.path)
+        report = load(args.paths)
         values = figures(report)
         if args.plot:
             plot(report, values, args.plot)

@@ -107,7 +107,7 @@ def test_torn_and_foreign_lines_are_skipped_and_counted(tmp_path):
 
 def test_nothing_to_read_is_a_clear_error(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
-    assert "no event log (ft_events*.jsonl) in" in capsys.readouterr().err
+    assert "no event log (*.jsonl with event records) in" in capsys.readouterr().err
     assert report.main([str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -145,3 +145,88 @@ def test_a_lost_node_is_the_root_cause_of_the_survivors_cycle_and_one_incident(t
     assert figures["failures"] == 1 and figures["collateral"] == 2  # one incident seen by two nodes
     assert figures["mttr_by_kind_s"] == {"lost node": 8.0}
     assert figures["useful_s"] == 8.0 + 40.0 - 18.0  # the first node's cycles: 2 -> 10, 18 -> 40
+
+
+# ---------------------------------------------------------------------- per-node logs, graceful stops
+
+
+def node_log(node: str, pid: int, step_of_rank: dict[int, int], start: float) -> list[dict]:
+    """One node's launcher of autoresume attempt 1 (run id r1): one cycle, a graceful stop on SIGUSR1."""
+    records = [
+        record("launcher_start", start, nnodes="2:2", nproc_per_node=2, max_restarts=0, attempt=1),
+        record("cycle_start", start + 1.0, cycle=0, warm_start=False),
+        record("workers_ready", start + 2.0, cycle=0),
+        *(record("graceful_stop", start + 9.0, cycle=0, rank=rank, local_rank=rank % 2, worker_pid=pid + rank,
+                 step=step, run_steps=step - 400, signal="SIGUSR1") for rank, step in step_of_rank.items()),
+        record("result", start + 10.0, outcome="stopped: graceful stop after step 447 on SIGUSR1, not finished",
+               exit_code=0, cycles=1),
+    ]
+    for r in records:
+        r.update(node=node, pid=pid)
+    return records
+
+
+def per_node_run(tmp_path: Path, n2_steps: dict[int, int]) -> Path:
+    """autoresume's run dir with per-node logs in events/ (docs/multinode.md's sbatch example)."""
+    run = tmp_path / "run1"
+    events = run / "events"
+    events.mkdir(parents=True)
+    write_log(events / "n1.jsonl", node_log("n1", 100, {0: 447, 1: 447}, 1000.0))
+    write_log(events / "n2.jsonl", node_log("n2", 200, n2_steps, 1000.2))
+    (events / "n1.jsonl.lock").write_text("")
+    (events / "metrics.jsonl").write_text('{"loss": 0.5}\n')  # another program's JSON lines: left out
+    (run / "history.tsv").write_text(
+        "attempt\tjob_id\tstart\tend\texit_code\tflag\tfailures\tdecision\n"
+        f"1\t7\t{_iso(999.0)}\t{_iso(1012.0)}\t0\tno\t0\tcontinue: not finished\n")
+    return run
+
+
+def _iso(ts: float) -> str:
+    import datetime
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def test_per_node_logs_in_a_directory_are_read_as_one_run_with_the_autoresume_history(tmp_path, capsys):
+    # issue 29 item 11: `ft_report run1/events` failed (no ft_events*.jsonl) and two files were
+    # "unrecognized arguments"; every node's log and history.tsv now make one timeline.
+    run = per_node_run(tmp_path, {2: 447, 3: 447})
+    assert report.main([str(run / "events")]) == 0
+    out = capsys.readouterr().out
+    assert "n1.jsonl" in out and "n2.jsonl" in out and "metrics.jsonl" not in out
+    assert "unreadable" not in out
+    assert "[n1] ft_launcher started" in out and "[n2] ft_launcher started" in out
+    assert "== autoresume attempt 1 ended (ft_launcher exit 0, flag no): continue: not finished" in out
+    assert "[n1] cycle 0: graceful stop on SIGUSR1: ranks 0, 1 stopped after step 447" in out
+    assert "[n2] cycle 0: graceful stop on SIGUSR1: ranks 2, 3 stopped after step 447" in out
+    assert ("graceful stop (attempt 1, run id r1): every rank that reported (4 on 2 node(s)) stopped after "
+            "step 447 on SIGUSR1") in out
+    assert "ft_launcher ended: stopped: graceful stop after step 447 on SIGUSR1, not finished (exit code 0)" in out
+
+    # the same from the two files, and from the run directory (its events/ subdirectory)
+    assert report.main([str(run / "events" / "n1.jsonl"), str(run / "events" / "n2.jsonl")]) == 0
+    assert "[n2] cycle 0: graceful stop" in capsys.readouterr().out
+    loaded = report.load(run)
+    assert {r.node for r in loaded.runs} == {"n1", "n2"} and len(loaded.attempts) == 1
+    assert len(report.load([run / "events", run / "events" / "n1.jsonl"]).sources) == 2  # each file once
+
+
+def test_ranks_that_stopped_after_different_steps_are_shown(tmp_path, capsys):
+    run = per_node_run(tmp_path, {2: 446, 3: 447})
+    assert report.main([str(run / "events"), "--json"]) == 0
+    values = json.loads(capsys.readouterr().out)
+    assert values["graceful_stops"] == [{"run_id": "r1", "attempt": 1, "signal": "SIGUSR1", "ranks": 4,
+                                         "same_step": False, "steps": {"n1": [447], "n2": [446, 447]}}]
+    assert report.main([str(run / "events")]) == 0
+    out = capsys.readouterr().out
+    assert "[n2] cycle 0: graceful stop on SIGUSR1: ranks stopped after DIFFERENT steps: rank 2 after step 446, " \
+           "rank 3 after step 447" in out
+    assert "the ranks stopped after DIFFERENT steps on SIGUSR1: n1: 447; n2: 446, 447" in out
+
+
+def test_two_histories_or_only_a_history_are_clear_errors(tmp_path, capsys):
+    first, second = per_node_run(tmp_path / "a", {2: 1}), per_node_run(tmp_path / "b", {2: 1})
+    assert report.main([str(first), str(second)]) == 2
+    assert "more than one autoresume history.tsv" in capsys.readouterr().err
+    assert report.main([str(first / "history.tsv")]) == 2
+    assert "no event log among" in capsys.readouterr().err
+
