@@ -69,6 +69,7 @@ from launcher.records import (
     AbortedAtExit,
     ControlRequest,
     CycleStart,
+    GracefulStopped,
     LeftoversKilled,
     MinHealthyRestart,
     MonitorDied,
@@ -211,12 +212,25 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._awaiting_ready: set[int] = set()  # local ranks not connected to their monitor yet
         self._stopped_by_us: set[int] = set()  # this cycle's survivors we stopped after a failure
         self._clean_ends = CleanEnds()  # this cycle's workers that ended their training cleanly
+        self._graceful_stops: dict[int, GracefulStopped] = {}  # this cycle's, by local rank
         self._outcome_cause = ""  # who asked for SHUTDOWN or EXCLUDED and why, for the stop line
         self.stopped_cleanly = True
         """After the last stop: every worker exited 0 within the timeout (True if none ran)."""
         self._ended_as_spare = False  # the rendezvous closed while this node waited for a place
 
     # ------------------------------------------------------------------ public surface
+
+    def graceful_stops(self) -> list[GracefulStopped]:
+        """The current cycle's workers that left their training in a graceful stop, by local rank.
+
+        Reads the monitors' reports that came in meanwhile first (a stop by signal ends the run
+        before the agent's loop read them); only the ``rank_finished`` reports are taken then:
+        the run is over, nothing else of it is acted on.
+        """
+        for local_rank, event in self._monitors.poll_events():
+            if isinstance(event, messages.RankFinished):
+                self._on_monitor_event(local_rank, event)
+        return [self._graceful_stops[rank] for rank in sorted(self._graceful_stops)]
 
     @property
     def phase(self) -> AgentPhase:
@@ -334,6 +348,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._watch.reset()
         self._stopped_by_us.clear()
         self._clean_ends.reset()
+        self._graceful_stops.clear()
         pids = super()._start_workers(worker_group)
         spawned_at = time.monotonic()
         self._pids = dict(pids)
@@ -556,6 +571,10 @@ class FaultTolerantAgent(LocalElasticAgent):
         elif isinstance(event, messages.RankFinished):
             if event.pid in (self._pids.get(local_rank), self._workers.worker_pids.get(local_rank)):
                 self._clean_ends.finished(local_rank, event.pid)
+                if event.stop_step is not None:
+                    self._graceful_stops[local_rank] = self._events.record_event(GracefulStopped(
+                        cycle=self.cycle, local_rank=local_rank, rank=event.rank, worker_pid=event.pid,
+                        step=event.stop_step, run_steps=event.stop_run_steps, signal=event.stop_signal))
         elif isinstance(event, messages.RankConnected) and local_rank not in self._awaiting_ready:
             self._clean_ends.reconnected(local_rank)  # training again (a second fit)
         elif isinstance(event, messages.RankConnected):

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ from launcher.launch_config import (
 from launcher.monitors import MonitorPool
 from launcher.node_check import NodeCheckFailed
 from launcher.options import LauncherOptions, UsageError, config_sources
-from launcher.records import LauncherStart, MonitorsStarted, Result, StoreLost
+from launcher.records import GracefulStopped, LauncherStart, MonitorsStarted, Result, StoreLost
 from launcher.restart_policy import OUTCOME_EXCLUDED, OUTCOME_REPEATED, OUTCOME_SHUTDOWN, RestartPolicy
 from launcher.sentinel import Sentinel
 from launcher.signals import JOB_WIDE_WINDOW, SignalHandling
@@ -337,7 +338,9 @@ class LauncherRun:
                 close = False  # closing it would end the job for the remaining nodes
                 result = _Result(OUTCOME_EXCLUDED, exit_codes.EXIT_NODE_EXCLUDED)
             elif run_result is not None and not run_result.is_failed():
-                result = _Result("succeeded", exit_codes.EXIT_SUCCESS)
+                # a run that stopped gracefully (e.g. on SLURM's SIGUSR1 warning) did not succeed:
+                # it is unfinished; exit 0 all the same (autoresume.sh continues it)
+                result = _Result(graceful_stop_outcome(agent.graceful_stops()) or "succeeded", exit_codes.EXIT_SUCCESS)
         finally:
             if watchdog is not None:
                 watchdog.stop()
@@ -353,7 +356,8 @@ class LauncherRun:
         """A stop by signal (a preemption): exit 0 if every worker exited 0 within
         ``--term-timeout`` (or none was running), else 1."""
         clean = self._agent is None or self._agent.stopped_cleanly
-        return _Result(f"signal {sig.name}", exit_codes.EXIT_SUCCESS if clean else exit_codes.EXIT_FAILURE)
+        stopped = graceful_stop_outcome(self._agent.graceful_stops()) if clean and self._agent is not None else None
+        return _Result(stopped or f"signal {sig.name}", exit_codes.EXIT_SUCCESS if clean else exit_codes.EXIT_FAILURE)
 
     def _route_signal(self, sig: signal.Signals, job_wide: bool, received_at: float | None = None) -> None:
         # Signal thread: a relayed signal (SIGUSR1, ...) for the workers.
@@ -430,6 +434,22 @@ class LauncherRun:
         if summary:
             self._events.summary()
         self._sentinel.finish()
+
+
+def graceful_stop_outcome(stops: Sequence[GracefulStopped]) -> str | None:
+    """The result's outcome for a run whose workers stopped gracefully, or None if none did:
+    ``stopped: graceful stop after step 447 on SIGUSR1, not finished`` (the stop leaves no
+    finished flag: the next run resumes from its checkpoint). Ranks that disagree on the step
+    (they never should: they agree on it) are named."""
+    if not stops:
+        return None
+    steps = sorted({stop.step for stop in stops if stop.step is not None})
+    signals = sorted({stop.signal for stop in stops if stop.signal})
+    if len(steps) > 1:
+        where = "after different steps (" + ", ".join(f"rank {stop.rank}: {stop.step}" for stop in stops) + ")"
+    else:
+        where = f"after step {steps[0]}" if steps else "after an unknown step"
+    return f"stopped: graceful stop {where} on {'/'.join(signals) or 'a stop signal'}, not finished"
 
 
 def _close_quietly(fd: int) -> None:

@@ -231,6 +231,24 @@ class AbortedAtExit(EventRecord):
     signal: str | None = _f(doc="`SIGABRT`")
 
 
+@dataclass(kw_only=True)
+class GracefulStopped(EventRecord):
+    """``graceful_stop``: a worker left its training in a graceful stop (every rank agreed to stop
+    after the same step, on a stop signal) and told its monitor where: one record per rank, so the
+    stop steps of every node can be compared (``ft_report`` does)."""
+
+    EVENT: ClassVar[str] = "graceful_stop"
+
+    cycle: int | None = _f()
+    local_rank: int | None = _f()
+    rank: int | None = _f()
+    worker_pid: int | None = _f()
+    step: int | None = _f(doc="the step it stopped after, as the user counts it (Lightning's global step, the "
+                              "step a loop passed to `on_training_step_start`; else `run_steps`)")
+    run_steps: int | None = _f(doc="training steps of the worker's run up to the stop")
+    signal: str | None = _f(doc="the stop signal the ranks agreed on (`SIGUSR1`)")
+
+
 ROLE_ROOT = "root"
 ROLE_COLLATERAL = "collateral"
 CAUSE_TERMINATED = "terminated"
@@ -465,8 +483,8 @@ class Result(EventRecord):
 
     EVENT: ClassVar[str] = "result"
 
-    outcome: str = _req("`succeeded`, `failed`, `signal SIGTERM`, `forced stop (SIGTERM)`, "
-                        "`rendezvous store lost`, ...")
+    outcome: str = _req("`succeeded`, `failed`, `stopped: graceful stop after step N on SIGUSR1, not finished`, "
+                        "`signal SIGTERM`, `forced stop (SIGTERM)`, `rendezvous store lost`, ...")
     exit_code: int | None = _f()
     cycles: int | None = _f()
     finished_flag_file: str | None = _f(doc="`FAULT_TOL_FINISHED_FLAG_FILE`, when set", omit_none=True)
@@ -493,8 +511,8 @@ class Summary(EventRecord):
 KINDS: dict[str, type[EventRecord]] = {
     cls.EVENT: cls for cls in (
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
-        WorkersReady, WorkersSucceeded, AbortedAtExit, NodeCheck, Failure, ControlRequest, Straggler, MonitorDied,
-        MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart,
+        WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest, Straggler,
+        MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart,
         MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
     )
 }

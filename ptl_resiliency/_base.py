@@ -350,6 +350,7 @@ class _FaultToleranceCallbackBase(Callback):
         assert stop is not None
         path = self._stop_checkpoint(trainer)
         step = int(trainer.global_step)
+        stop.counted_step = step  # the launcher's graceful_stop record names the global step, as the user counts
         self._log.rank_zero_info("graceful stop: %s; every rank stops after global step %s and saves %s",
                                  stop.describe_stop(), step, path)
         trainer.save_checkpoint(path)  # every rank: rank 0 writes, the others take part

@@ -231,6 +231,9 @@ class GracefulStop:
         """The agreed stop step (a value of :attr:`steps`), the same on every rank; None before."""
         self.stop_signal: Optional[signal.Signals] = None
         """The signal the agreement saw (the largest number, when ranks got different ones)."""
+        self.counted_step: Optional[int] = None
+        """The stop step as the user counts it (Lightning's global step, the step a loop passes to
+        ``on_training_step_start``), set by the front end at the stop; None: unknown."""
         self._next_check = 1  # the first check after the first step: the interval is then measured
         self._last_check_at = clock()
         self._last_check_step = 0
@@ -376,6 +379,23 @@ class GracefulStop:
     def interval_steps(self) -> int:
         """Steps from the last check to the next one (as agreed)."""
         return self._next_check - self._last_check_step
+
+    @property
+    def named_step(self) -> Optional[int]:
+        """The stop step to show a user: :attr:`counted_step` when the front end knows it, else
+        :attr:`stop_step` (training steps of this run); None before the stop."""
+        if self.stop_step is None:
+            return None
+        return self.counted_step if self.counted_step is not None else self.stop_step
+
+    def describe_step(self) -> str:
+        """``"training step 447 (step 194 of this run)"``, or ``"training step 194 of this run"``
+        when the user's own step number is unknown; "" before the stop."""
+        if self.stop_step is None:
+            return ""
+        if self.counted_step is None:
+            return f"training step {self.stop_step} of this run"
+        return f"training step {self.counted_step} (step {self.stop_step} of this run)"
 
     def describe_stop(self) -> str:
         """``"SIGUSR1 (received by this rank)"`` or ``"SIGTERM (received by another rank)"``."""

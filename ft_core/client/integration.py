@@ -127,6 +127,7 @@ class FaultToleranceIntegration:
         self._collectives = collectives if collectives is not None else default_collectives()
         self._session = FrontEndSession(self._log, PART_SECTIONS)  # the connection, set up in order
         self._policy = SectionsPolicy(calculate_timeouts=False)
+        self._step: Optional[int] = None  # the step last passed to on_training_step_start
 
     # ------------------------------------------------------------------ public state
 
@@ -266,8 +267,8 @@ class FaultToleranceIntegration:
         finally:
             session.close(clean_end=update_timeouts)
         if stop is not None and stop.stop_step is not None:
-            self._log.rank_zero_info("fault tolerance shut down after a graceful stop (%s) after training step %s of "
-                                     "this run", stop.describe_stop(), stop.stop_step)
+            self._log.rank_zero_info("fault tolerance shut down after a graceful stop (%s) after %s",
+                                     stop.describe_stop(), stop.describe_step())
         else:
             self._log.rank_zero_info("fault tolerance shut down after %s training iterations", self._policy.train_iters)
 
@@ -283,6 +284,7 @@ class FaultToleranceIntegration:
         session = self._session
         client = session.client
         if client is not None:
+            self._step = step  # a graceful stop after this step names it (None: the run's own count)
             set_step = session.set_step
             if set_step is not None:
                 set_step(self._policy.train_iters if step is None else step)
@@ -299,10 +301,11 @@ class FaultToleranceIntegration:
         stop = session.graceful_stop
         if client is not None and training_step_ended(client, self._policy, stop, self._collectives):  # collective
             assert stop is not None
+            stop.counted_step = self._step  # the step the user counts (and passed), when given
             self._log.rank_zero_info(
-                    "graceful stop: %s; every rank stops after training step %s of this run: save a checkpoint, "
-                    "leave the loop and exit 0 (no finished flag; the next run resumes from the checkpoint)",
-                    stop.describe_stop(), stop.stop_step)
+                    "graceful stop: %s; every rank stops after %s: save a checkpoint, leave the loop and exit 0 "
+                    "(no finished flag; the next run resumes from the checkpoint)",
+                    stop.describe_stop(), stop.describe_step())
 
     def on_eval_step_start(self) -> None:
         """An evaluation step begins: close ``setup``; open ``step`` after the warm-up steps."""

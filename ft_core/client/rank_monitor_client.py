@@ -180,7 +180,9 @@ class RankMonitorClient:
             describe_section_timeouts(self.section_timeouts, self._minimums, raised.get("section", {})),
         )
 
-    def shutdown_workload_monitoring(self, *, clean_end: bool = False) -> None:
+    def shutdown_workload_monitoring(self, *, clean_end: bool = False, stop_step: Optional[int] = None,
+                                     stop_run_steps: Optional[int] = None,
+                                     stop_signal: Optional[str] = None) -> None:
         """Stop being watched and disconnect. Safe to call more than once.
 
         Args:
@@ -188,12 +190,21 @@ class RankMonitorClient:
                 monitor tells the launcher before it answers, so that a process that then
                 aborts in its interpreter's teardown (a process group still alive at exit)
                 is not taken for a crash and restarted (see docs/launcher.md).
+            stop_step: With ``clean_end``, after a graceful stop: the step every rank stopped
+                after, as the user counts it. The launcher records it (a ``graceful_stop``
+                record) and names it in its result, so every node's stop can be compared.
+            stop_run_steps: The same stop as training steps of this run.
+            stop_signal: The stop's signal name (``SIGUSR1``).
         """
         if not self.is_initialized:
             return
         message: dict[str, Any] = {"type": protocol.MSG_SHUTDOWN}
         if clean_end:
             message["finished"] = True
+            if isinstance(stop_step, int) and not isinstance(stop_step, bool):
+                message.update(stop_step=int(stop_step), stop_signal=str(stop_signal or ""))
+                if isinstance(stop_run_steps, int) and not isinstance(stop_run_steps, bool):
+                    message["stop_run_steps"] = int(stop_run_steps)
         with contextlib.suppress(RankMonitorClientError):
             self._request(message, quiet=True)
         self._release()

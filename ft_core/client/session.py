@@ -112,6 +112,7 @@ class FrontEndSession:
         self.part = part
         self.phase = SessionPhase.IDLE
         self._clean_end = False
+        self._stopped: Optional[GracefulStop] = None  # the graceful stop close() reports, if any
         self.client: Optional[RankMonitorClient] = None
         self.set_step: Optional[Callable[[int], None]] = None
         self.graceful_stop: Optional[GracefulStop] = None
@@ -262,9 +263,13 @@ class FrontEndSession:
                 default action are absorbed from now on (:meth:`GracefulStop.uninstall`), so a
                 signal that comes after the end cannot fail a finished rank, and the monitor is
                 told (``shutdown_workload_monitoring(clean_end=True)``), so an abort at the
-                process's exit does not either.
+                process's exit does not either; after a graceful stop it is told the stop's
+                step and signal too.
         """
         self._clean_end = clean_end
+        stop = self.graceful_stop
+        # Read before the releases: the graceful stop is released before the disconnect.
+        self._stopped = stop if clean_end and stop is not None and stop.stop_step is not None else None
         releases, self._releases = self._releases, []
         self.phase = SessionPhase.IDLE
         for name, release in reversed(releases):
@@ -301,7 +306,13 @@ class FrontEndSession:
         try:
             # A clean end is the monitor's (and the launcher's) to know: an abort in the teardown
             # that follows is then no reason to restart a finished job.
-            client.shutdown_workload_monitoring(clean_end=self._clean_end)
+            stop = self._stopped
+            if stop is None:
+                client.shutdown_workload_monitoring(clean_end=self._clean_end)
+            else:  # the launcher records every rank's stop step (docs/launcher.md, graceful_stop)
+                client.shutdown_workload_monitoring(
+                    clean_end=self._clean_end, stop_step=stop.named_step, stop_run_steps=stop.stop_step,
+                    stop_signal=stop.stop_signal.name if stop.stop_signal is not None else None)
         except (OSError, RankMonitorClientError) as err:
             self.log.error("fault tolerance: disconnecting from the monitor failed: %s", err)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -446,7 +447,8 @@ class RankMonitorServer:
                 # Before the answer: the rank may exit as soon as it has it, and the launcher
                 # must know by then that an abort in its teardown is not a training failure.
                 self._notify_launcher(messages.RankFinished(
-                    pid=session.pid, **{k: v for k, v in session.info.items() if k in ("rank", "local_rank")}))
+                    pid=session.pid, **{k: v for k, v in session.info.items() if k in ("rank", "local_rank")},
+                    **_graceful_stop_fields(message)))
             self._io.send(conn, {"type": protocol.MSG_OK})
             self._end_session("rank ended its training" if finished else "rank shut down monitoring")
             return
@@ -537,3 +539,25 @@ def configure_logging(level: int, label: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+_SIGNAL_NAME = re.compile(r"SIG[A-Z0-9]{1,12}")
+_MAX_STEP = 2**63 - 1
+
+
+def _graceful_stop_fields(message: dict[str, Any]) -> dict[str, Any]:
+    """The graceful stop a rank's ``shutdown`` reports (``stop_step``, ``stop_run_steps``,
+    ``stop_signal``), for its ``rank_finished``; values that are not a step (an int from 0 to
+    2**63-1) or a signal name are left out, so nothing else reaches the launcher's records."""
+    def step(name: str) -> dict[str, int]:
+        value = message.get(name)
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_STEP
+        return {name: value} if ok else {}
+
+    found = step("stop_step")
+    if not found:
+        return {}
+    signal_name = message.get("stop_signal")
+    if isinstance(signal_name, str) and _SIGNAL_NAME.fullmatch(signal_name):
+        found["stop_signal"] = signal_name
+    return {**found, **step("stop_run_steps")}

@@ -179,13 +179,19 @@ class RankEscalated(Message):
 class RankFinished(Message):
     """``rank_finished``: the rank ended its training cleanly (its front end said so when it shut
     monitoring down); what the process does from now on is its interpreter's teardown. Sent
-    before the monitor answers the rank, so it reaches the launcher before the rank can exit."""
+    before the monitor answers the rank, so it reaches the launcher before the rank can exit.
+
+    After a graceful stop, ``stop_step`` (the step as the user counts it), ``stop_run_steps``
+    (training steps of the rank's run) and ``stop_signal`` say where and why it stopped."""
 
     TYPE: ClassVar[str] = protocol.MSG_RANK_FINISHED
 
     pid: int
     rank: int | None = field(default=None, metadata=meta(omit_none=True))
     local_rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    stop_step: int | None = field(default=None, metadata=meta(omit_none=True))
+    stop_run_steps: int | None = field(default=None, metadata=meta(omit_none=True))
+    stop_signal: str | None = field(default=None, metadata=meta(omit_none=True))
 
 
 @dataclass(frozen=True, kw_only=True)

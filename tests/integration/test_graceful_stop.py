@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launcher_util import HEARTBEAT_ARGS, SECTION_ARGS, run_launcher, start_launcher, wait_for
+from launcher import report
+from tests.launcher_util import (
+    HEARTBEAT_ARGS,
+    SECTION_ARGS,
+    events_of,
+    read_events,
+    run_launcher,
+    start_launcher,
+    wait_for,
+)
 
 WORKERS = Path(__file__).resolve().parents[1] / "workers"
 LIGHTNING_WORKER = str(WORKERS / "lightning_train.py")
@@ -161,6 +170,57 @@ def test_a_signal_to_one_rank_of_a_loop_stops_both_after_the_same_step_and_the_n
     assert again.returncode == 0, again.stderr[-6000:]
     assert [reports(tmp_path, rank, "started")[-1]["step"] for rank in (0, 1)] == [stop_step, stop_step]
     assert [reports(tmp_path, rank, "end")[-1]["step"] for rank in (0, 1)] == [stop_step + 3] * 2
+
+
+# ---------------------------------------------------------------------- the stop in words and records
+
+
+RESUMED_AT = 400  # the loop resumes from a checkpoint at this (global) step: its own count starts at 0
+
+
+def resumed_loop_cfg(tmp_path: Path, **extra) -> dict:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "checkpoint.json").write_text(json.dumps({"step": RESUMED_AT}))
+    return {"ckpt_dir": str(ckpt), "report_dir": str(tmp_path), "steps": 100_000, "ckpt_every": 100_000,
+            "step_sleep": 0.01, "report_steps": True, "graceful_stop": {"check_interval": 0.2}, **extra}
+
+
+def check_stop_is_named_and_recorded(tmp_path: Path, stderr: str, code: int, signal_name: str) -> None:
+    """The stop line names the user's step; every rank's graceful_stop record holds it; the result
+    and ft_report say "stopped", not "succeeded"."""
+    stopped = {rank: reports(tmp_path, rank, "stopped")[0] for rank in (0, 1)}
+    stop_step = stopped[0]["step"]
+    assert stopped[1]["step"] == stop_step > RESUMED_AT, stopped
+    assert code == 0, stderr[-6000:]  # autoresume.sh continues a run that exited 0 without the flag
+    # issue 29 item 10: the line named "training step 30 of this run" while the loop counts 430
+    assert (f"every rank stops after training step {stop_step} (step {stop_step - RESUMED_AT} of this run)"
+            in stderr), stderr[-6000:]
+    events = read_events(tmp_path / "events.jsonl")
+    stops = sorted(events_of(events, "graceful_stop"), key=lambda r: r["rank"])
+    assert [(r["rank"], r["step"], r["run_steps"], r["signal"]) for r in stops] == [
+        (rank, stop_step, stop_step - RESUMED_AT, signal_name) for rank in (0, 1)], stops
+    outcome = f"stopped: graceful stop after step {stop_step} on {signal_name}, not finished"
+    assert events_of(events, "result")[0]["outcome"] == outcome
+    assert f"result: {outcome} (exit code 0)" in stderr
+    lines = report.timeline_lines(report.load(tmp_path / "events.jsonl"))
+    assert any(f"graceful stop on {signal_name}: ranks 0, 1 stopped after step {stop_step}" in line for line in lines)
+
+
+def test_a_stop_names_the_users_step_in_its_line_its_records_and_its_result(tmp_path):
+    # rank 1 signals itself 30 steps after the resume: both ranks stop, the launcher's result says so
+    cfg = resumed_loop_cfg(tmp_path, signal_self={"rank": 1, "step": RESUMED_AT + 30, "signal": "SIGUSR1"})
+    result = run_launcher(launcher_args(tmp_path, *SECTION_ARGS) + [LOOP_WORKER, json.dumps(cfg)], timeout=110)
+    check_stop_is_named_and_recorded(tmp_path, result.stderr, result.returncode, "SIGUSR1")
+
+
+def test_sigterm_to_the_launcher_ends_in_a_stopped_result_not_a_plain_signal(tmp_path):
+    cfg = resumed_loop_cfg(tmp_path)
+    proc = start_launcher(launcher_args(tmp_path, *SECTION_ARGS, term_timeout=20) + [LOOP_WORKER, json.dumps(cfg)])
+    wait_for(lambda: training_reached(tmp_path, RESUMED_AT + 5) or proc.poll() is not None, 90, "both ranks training")
+    proc.send_signal(signal.SIGTERM)  # the launcher stops its workers with SIGTERM: a graceful stop
+    code, out = finish(proc)
+    check_stop_is_named_and_recorded(tmp_path, out, code, "SIGTERM")
 
 
 # ---------------------------------------------------------------------- what reaches the console

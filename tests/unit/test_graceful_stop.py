@@ -292,3 +292,34 @@ def test_after_a_failure_the_default_actions_come_back(restore_handlers):
     stop.install()
     stop.uninstall(absorb=False)
     assert {sig: signal.getsignal(sig) for sig in DEFAULT_SIGNALS} == before
+
+
+def test_the_stop_is_named_by_the_users_step_and_reported_to_the_launcher_as_checked_values(restore_handlers):
+    # issue 29 item 10/11: the stop line named the run's own count ("step 194 of this run") while
+    # the user counts 447; the launcher now records every rank's step and signal.
+    from ft_core.monitor.server import _graceful_stop_fields
+    from launcher.launch import graceful_stop_outcome
+    from launcher.records import GracefulStopped
+
+    stop = GracefulStop(GracefulStopConfig(check_interval=1.0), clock=Clock())
+    stop.install()
+    assert stop.describe_step() == "" and stop.named_step is None
+    os.kill(os.getpid(), signal.SIGUSR1)
+    while not stop.step_ended(COLLECTIVES):
+        pass
+    assert stop.describe_step() == f"training step {stop.stop_step} of this run" and stop.named_step == stop.stop_step
+    stop.counted_step = 447
+    assert stop.describe_step() == f"training step 447 (step {stop.stop_step} of this run)" and stop.named_step == 447
+
+    fields = {"type": "shutdown", "finished": True, "stop_step": 447, "stop_run_steps": 47, "stop_signal": "SIGUSR1"}
+    assert _graceful_stop_fields(fields) == {"stop_step": 447, "stop_run_steps": 47, "stop_signal": "SIGUSR1"}
+    for bad in ({"stop_step": True}, {"stop_step": -1}, {"stop_step": "447"}, {"stop_step": 2**64}):
+        assert _graceful_stop_fields({**fields, **bad}) == {}
+    assert _graceful_stop_fields({**fields, "stop_signal": "x\nforged"}) == {"stop_step": 447, "stop_run_steps": 47}
+
+    assert graceful_stop_outcome([]) is None
+    same = [GracefulStopped(rank=r, step=447, signal="SIGUSR1") for r in (0, 1)]
+    assert graceful_stop_outcome(same) == "stopped: graceful stop after step 447 on SIGUSR1, not finished"
+    split = [GracefulStopped(rank=0, step=447, signal="SIGTERM"), GracefulStopped(rank=1, step=446, signal="SIGTERM")]
+    assert graceful_stop_outcome(split) == ("stopped: graceful stop after different steps (rank 0: 447, rank 1: 446) "
+                                            "on SIGTERM, not finished")
