@@ -12,6 +12,7 @@ Exit codes are listed in :mod:`launcher.exit_codes`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import shutil
@@ -23,9 +24,10 @@ from typing import Any, NoReturn
 from torch.distributed import run as torch_run
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ft_core.wire.config import ConfigError, FaultToleranceConfig
+from ft_core.wire.config import ConfigError, FaultToleranceConfig, closest_field
 from ft_core.wire.env import (
     AUTORESUME_RUN_DIR_ENV_VAR,
+    FT_LAUNCHER_EVENT_LOG_ENV_VAR,
     FT_LAUNCHER_WARM_RESTARTS_ENV_VAR,
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
 )
@@ -76,15 +78,51 @@ def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
                 f"{parser.prog}: error: {message}\nRun '{parser.prog} --help' for the options.\n")
 
 
+_FT_PREFIXES = ("--ft-param-", "--ft_param_", "--ft-", "--ft_")
+
+
+def unrecognized_message(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the option each one most likely meant.
+
+    A ``--ft-*`` option names the closest fault tolerance config field (the YAML file's "did you
+    mean", :func:`~ft_core.wire.config.closest_field`), spelled as the user spelled the rest;
+    another option the closest of the parser's own.
+    """
+    parts = []
+    for extra in extras:
+        option = extra.split("=", 1)[0]
+        close = None
+        prefix = next((p for p in _FT_PREFIXES if option.startswith(p)), None)
+        if prefix is not None:
+            typed = option[len(prefix):]
+            field = closest_field(typed.replace("-", "_"))
+            if field is not None:
+                close = prefix + (field.replace("_", "-") if "-" in typed and "_" not in typed else field)
+        elif option.startswith("-"):
+            matches = difflib.get_close_matches(option, list(parser._option_string_actions), n=1, cutoff=0.75)
+            close = matches[0] if matches else None
+        parts.append(extra + (f" (did you mean {close}?)" if close else ""))
+    return f"unrecognized arguments: {' '.join(parts)}"
+
+
+def _parse_args(parser: argparse.ArgumentParser, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+    """argparse's ``parse_args``, whose "unrecognized arguments" error names the likely option."""
+    ns, extras = parser.parse_known_args(args, namespace)
+    if extras:
+        parser.error(unrecognized_message(parser, extras))
+    return ns
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     """The complete ``ft_launcher`` parser: torchrun's plus the fault tolerance group.
 
     Usage errors (``parser.error``) print the message and a pointer to ``--help``, not the usage
-    text, and exit with code 2.
+    text, and exit with code 2; an unrecognized option says which one was likely meant.
     """
     parser = torch_run.get_args_parser()
     parser.prog = "ft_launcher"
     parser.error = types.MethodType(_usage_error, parser)  # type: ignore[method-assign]
+    parser.parse_args = types.MethodType(_parse_args, parser)  # type: ignore[method-assign]
     # No abbreviated options: argparse checks every argument, the training script's too, against
     # option prefixes, and with our extra options a script argument such as --ft or --warm would
     # be an "ambiguous option" error.
@@ -145,9 +183,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--ft-event-log", "--ft_event_log", dest="ft_event_log", default=None, metavar="PATH",
         help="Append one JSON record per cycle, failure, control request and result to PATH "
-        "('{node}' is replaced by the host name). Default: <--log-dir>/ft_events.jsonl when "
-        f"--log-dir is given, else ${AUTORESUME_RUN_DIR_ENV_VAR}/ft_events.jsonl under "
-        "autoresume.sh, else kept in memory and summarised at exit. ft_report reads it.",
+        "('{node}' is replaced by the host name); 'none': kept in memory only. Default: "
+        f"${FT_LAUNCHER_EVENT_LOG_ENV_VAR}, else <--log-dir>/ft_events.jsonl when --log-dir is given, else "
+        f"${AUTORESUME_RUN_DIR_ENV_VAR}/ft_events.jsonl under autoresume.sh, else "
+        "ft_launcher_logs/ft_events.jsonl in the working directory. ft_report reads it.",
     )
     _add_reference_only_options(parser)
     return parser
@@ -211,7 +250,7 @@ def effective_config_lines(cfg: FaultToleranceConfig, sources: Mapping[str, str]
     head = ("effective configuration, non-default values (ft_launcher --help lists the defaults):" if lines
             else "effective configuration: every fault tolerance setting has its default (ft_launcher --help)")
     event_log = (f"  event log = {options.event_log}  ({options.event_log_source})" if options.event_log else
-                 "  event log: kept in memory only (--log-dir or --ft-event-log keep it for ft_report)")
+                 f"  event log: kept in memory only ({options.event_log_source})")
     return [head, *lines, event_log]
 
 

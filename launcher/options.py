@@ -41,6 +41,11 @@ DEFAULT_WORKERS_STOP_TIMEOUT = 2.0
 """Default of ``--workers-stop-timeout``: after a worker failed, the others get SIGTERM and this
 long before SIGKILL (the reference's default is 30 s: see docs/porting.md)."""
 EVENT_LOG_NAME = "ft_events.jsonl"
+DEFAULT_EVENT_LOG_DIR = "ft_launcher_logs"
+"""Where the event log goes when nothing else chose it: this directory in the launcher's working
+directory (as Lightning's ``lightning_logs``), so that a plain ``ft_launcher`` run keeps it too."""
+EVENT_LOG_OFF = "none"
+"""``--ft-event-log none`` (or ``FT_LAUNCHER_EVENT_LOG=none``): keep the records in memory only."""
 SOURCE_DEFAULT = "default"
 SPELLINGS_ATTR = "option_spellings"
 """Namespace attribute where :mod:`launcher.cli`'s parser records, per destination, the option
@@ -78,8 +83,9 @@ class LauncherOptions:
             this long after a cycle's workers started (0 = at once).
         event_log: ``--ft-event-log``, else ``FT_LAUNCHER_EVENT_LOG``, else
             ``<--log-dir>/ft_events.jsonl`` when ``--log-dir`` is given, else
-            ``$AUTORESUME_RUN_DIR/ft_events.jsonl`` under ``scripts/autoresume.sh``, else None
-            (in memory).
+            ``$AUTORESUME_RUN_DIR/ft_events.jsonl`` under ``scripts/autoresume.sh``, else
+            ``ft_launcher_logs/ft_events.jsonl`` in the working directory (absolute); None (in
+            memory only) when the first of these given is ``none``.
         event_log_source: Which of these gave ``event_log`` (for the effective-config lines).
         workers_stop_timeout: ``--workers-stop-timeout``: seconds from SIGTERM to SIGKILL for
             the surviving workers after a worker failed (before a restart).
@@ -140,21 +146,29 @@ class LauncherOptions:
 def _event_log_default(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The event log path and what chose it (see :attr:`LauncherOptions.event_log`).
 
+    With the path None (in memory only) the second item says why, for the effective-config line:
+    ``none`` was given, or the default place cannot be written (a read-only working directory
+    is no reason to refuse a run nobody asked to log).
+
     Raises:
-        ConfigError: The event log could not be written there (a directory, a path through a
+        ConfigError: The event log the user chose (option, variable, ``--log-dir``, the
+            auto-resume run directory) could not be written there (a directory, a path through a
             file, no permission); the message names the option or variable that chose it.
     """
     path, source = _event_log_choice(args, environ)
-    if path is not None:
-        # as launcher.events.EventLog will open it
-        problem = file_problem(path.replace("{node}", socket.gethostname()))
-        if problem:
-            given = f"{source} {args.log_dir}" if source == "--log-dir" else f"{source} {path}"
-            raise ConfigError(f"the event log cannot be written ({given}): {problem}")
+    if path.strip().lower() == EVENT_LOG_OFF:
+        return None, f"{source} {EVENT_LOG_OFF}" if source.startswith("--") else f"{source}={EVENT_LOG_OFF}"
+    # as launcher.events.EventLog will open it
+    problem = file_problem(path.replace("{node}", socket.gethostname()))
+    if problem and source == SOURCE_DEFAULT:
+        return None, f"the default {path} cannot be written: {problem}; --ft-event-log PATH keeps it for ft_report"
+    if problem:
+        given = f"{source} {args.log_dir}" if source == "--log-dir" else f"{source} {path}"
+        raise ConfigError(f"the event log cannot be written ({given}): {problem}")
     return path, source
 
 
-def _event_log_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str | None, str]:
+def _event_log_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, str]:
     if args.ft_event_log:
         return args.ft_event_log, "--ft-event-log"
     if environ.get(FT_LAUNCHER_EVENT_LOG_ENV_VAR):
@@ -163,7 +177,8 @@ def _event_log_choice(args: argparse.Namespace, environ: Mapping[str, str]) -> t
         return os.path.join(args.log_dir, EVENT_LOG_NAME), "--log-dir"
     if environ.get(AUTORESUME_RUN_DIR_ENV_VAR):
         return os.path.join(environ[AUTORESUME_RUN_DIR_ENV_VAR], EVENT_LOG_NAME), AUTORESUME_RUN_DIR_ENV_VAR
-    return None, ""
+    # Absolute, so that the effective-config line shows where it went.
+    return os.path.join(os.path.abspath(DEFAULT_EVENT_LOG_DIR), EVENT_LOG_NAME), SOURCE_DEFAULT
 
 
 def typed_flag(args: argparse.Namespace, dest: str, fallback: str) -> str:

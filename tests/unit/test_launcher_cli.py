@@ -188,8 +188,9 @@ def options(*argv, environ=None) -> LauncherOptions:
 
 def test_launcher_options_defaults():
     opts = options()
-    assert opts == LauncherOptions()
-    assert (opts.term_timeout, opts.warm_restarts, opts.event_log) == (None, True, None)
+    default_log = os.path.join(os.getcwd(), "ft_launcher_logs", "ft_events.jsonl")
+    assert opts == LauncherOptions(event_log=default_log, event_log_source="default")
+    assert (opts.term_timeout, opts.warm_restarts, opts.event_log) == (None, True, default_log)
     assert opts.warm_preload == ("torch", "torch.distributed") and opts.warm_start_delay == 20.0
     assert opts.stop_timeout(30) == 30
 
@@ -212,7 +213,7 @@ def test_event_log_flag_beats_variable_beats_log_dir(tmp_path):
     assert options("--ft-event-log", "/flag.jsonl", "--log-dir", "/logs", environ=env).event_log == "/flag.jsonl"
     assert options("--log-dir", "/logs", environ=env).event_log == "/from/env.jsonl"
     assert options("--log-dir", "/logs").event_log == os.path.join("/logs", "ft_events.jsonl")
-    assert options().event_log is None
+    assert options().event_log == os.path.join(os.getcwd(), "ft_launcher_logs", "ft_events.jsonl")
 
 
 def test_warm_restart_switches():
@@ -308,9 +309,10 @@ def test_the_effective_config_names_every_non_default_value_and_its_source(tmp_p
 
 
 def test_the_effective_config_of_defaults_and_the_other_sources():
+    # README: the event log is kept by default, in ft_launcher_logs/ of the working directory
     assert effective() == [
         "effective configuration: every fault tolerance setting has its default (ft_launcher --help)",
-        "  event log: kept in memory only (--log-dir or --ft-event-log keep it for ft_report)",
+        f"  event log = {os.path.join(os.getcwd(), 'ft_launcher_logs', 'ft_events.jsonl')}  (default)",
     ]
     if torch_compat.AGENT_SHUTDOWN_TAKES_TIMEOUT:  # torchrun < 2.12 has no --shutdown-timeout
         lines = effective("--shutdown-timeout", "7", "--no-warm-restarts", environ={"AUTORESUME_RUN_DIR": "/r"})
@@ -323,6 +325,28 @@ def test_the_effective_config_of_defaults_and_the_other_sources():
                              "  event log = /r/ft_events.jsonl  (AUTORESUME_RUN_DIR)"]
     assert effective(environ={"FT_LAUNCHER_EVENT_LOG": "/e.jsonl", "AUTORESUME_RUN_DIR": "/r"})[-1] == \
         "  event log = /e.jsonl  (FT_LAUNCHER_EVENT_LOG)"
+
+
+def test_the_event_log_precedence_and_none(tmp_path, monkeypatch):
+    # docs/launcher.md: --ft-event-log, else FT_LAUNCHER_EVENT_LOG, else --log-dir, else
+    # $AUTORESUME_RUN_DIR, else ft_launcher_logs/ in the working directory; "none": memory only.
+    logs = tmp_path / "logs"
+    assert effective("--log-dir", str(logs), environ={"AUTORESUME_RUN_DIR": "/r"})[-1] == \
+        f"  event log = {logs / 'ft_events.jsonl'}  (--log-dir)"
+    assert effective("--ft-event-log", "none")[-1] == "  event log: kept in memory only (--ft-event-log none)"
+    assert effective(environ={"FT_LAUNCHER_EVENT_LOG": "none"})[-1] == \
+        "  event log: kept in memory only (FT_LAUNCHER_EVENT_LOG=none)"
+    # a working directory where nothing can be written: kept in memory, said why (not refused)
+    readonly = tmp_path / "ro"
+    readonly.mkdir(mode=0o500)
+    monkeypatch.chdir(readonly)
+    line = effective()[-1]
+    if os.access(readonly, os.W_OK):  # root writes anyway
+        assert line == f"  event log = {readonly / 'ft_launcher_logs' / 'ft_events.jsonl'}  (default)"
+    else:
+        assert line.startswith(f"  event log: kept in memory only (the default {readonly}/ft_launcher_logs/"), line
+        assert "--ft-event-log PATH keeps it for ft_report" in line
+    assert not (readonly / "ft_launcher_logs").exists()  # reading the options creates nothing
 
 
 def test_term_timeout_and_torchruns_shutdown_timeout_set_the_same_thing(tmp_path):
