@@ -53,6 +53,9 @@ CI_LEAVES_OUT: dict[str, str] = {
         "[lightning_heartbeats.py] runs the same documented command; the sections callback has its own tests",
     "tests/integration/test_examples.py::test_example_runs_as_documented[train_ddp_sections.py]":
         "[train_ddp_heartbeats.py], as above",
+    "tests/integration/test_examples.py::test_example_runs_as_documented[train_loop_integration.py]":
+        "test_docs.py::test_the_readme_example_runs_as_written runs the same command (it checks they are the same), "
+        "as README writes it",
     "tests/integration/test_launcher_multinode.py::test_more_waiting_nodes_than_free_slots_do_not_restart_the_workload"
     "_forever[min-healthy]":
         "[any-failed]: the same waiting nodes; min-healthy's own rule has test_min_healthy_waits_while_enough_nodes_"

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ft_core.wire.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
+from ft_core.wire.env import FT_LAUNCHER_WARM_START_DELAY_ENV_VAR, FT_WARM_TEMPLATE_SOCKET_ENV_VAR
 from ft_core.wire.osutil import signals_blocked
 from launcher.events import EventLog
 from launcher.records import WarmTemplateReady, WarmTemplateReplaced, WarmTemplateStarted
@@ -356,7 +356,8 @@ class WarmCoordinator:
             if cycle == 0:
                 return "first cycle: the warm template starts once the workers are up"
             return ("the warm template had not been started yet: the previous cycle failed before its workers "
-                    f"were all up and before --warm-start-delay ({self._start_delay:g} s); it is started now")
+                    f"were all up and before {FT_LAUNCHER_WARM_START_DELAY_ENV_VAR} ({self._start_delay:g} s); "
+                    "it is started now")
         age = time.monotonic() - (self.template.started_at or time.monotonic())
         return (f"the warm template was started {age:.1f} s ago and was not ready yet (importing "
                 f"{', '.join(self.template.preload) or 'nothing'})")

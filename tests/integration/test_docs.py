@@ -4,6 +4,12 @@
   timeouts the first run calculated are the ones the next two runs start with.
 * Under ft_launcher Lightning uses TorchElasticEnvironment even with SLURM's variables set, and
   installs no SIGUSR1 requeue handler (docs/lightning.md, "Under ft_launcher and SLURM").
+* README's example command (``source .venv/bin/activate`` included) run as written: the frozen
+  rank is caught against a calculated ``step`` timeout of about a second, as the text says.
+* docs/integration.md's loop snippet and launch command run as written (8 ranks on CPU), the
+  snippet's placeholders filled with a tiny model.
+* docs/lightning.md's quoted ConfigError line is the line the launcher prints.
+* docs/autoresume.md's rule for when the launcher gets ``--standalone``.
 * One set of overhead figures: README and docs/lightning.md quote docs/benchmarks.md.
 * No internal references (the specification's file names, issue numbers) in user-facing files.
 """
@@ -26,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launcher_util import events_of, launcher_env, live_descendants, read_events, run_launcher
+from tests.launcher_util import events_of, launcher_env, live_descendants, read_events, run_launcher, start_launcher
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
@@ -138,6 +144,170 @@ def test_lightning_uses_torchelastic_not_slurm_under_ft_launcher(tmp_path):
                    if json.loads(line)["op"] == "started")
     assert started["cluster_environment"] == "TorchElasticEnvironment"
     assert "SignalConnector" not in started["sigusr1_handler"] and "slurm" not in started["sigusr1_handler"].lower()
+
+
+# ---------------------------------------------------------------------- commands as a user copies them
+
+
+def run_in_scratch(command: str, workdir: Path, timeout: float) -> str:
+    """Run ``command`` with bash in ``workdir``, where ``examples`` and ``.venv`` link to the
+    repository's (``.venv``: this interpreter's environment); returns the output, fails on a
+    non-zero exit or after ``timeout`` seconds. Nothing in the environment names a file: where
+    the event log goes is the launcher's default (``ft_launcher_logs/`` of ``workdir``)."""
+    (workdir / "examples").symlink_to(REPO / "examples")
+    (workdir / ".venv").symlink_to(Path(sys.prefix))
+    env = launcher_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
+    env.pop("FAULT_TOL_FINISHED_FLAG_FILE", None)
+    proc = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"did not finish in {timeout} s:\n{output[-5000:]}") from None
+    assert proc.returncode == 0, output[-6000:]
+    return output
+
+
+def docstring_command(script: Path) -> str:
+    """The indented command block of an example's docstring (what tests/integration/test_examples.py runs)."""
+    doc = ast.get_docstring(ast.parse(script.read_text()))
+    assert doc is not None
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.rstrip().endswith("::")) + 1
+    block = [line.strip() for line in lines[start:] if line.startswith("    ") or not line.strip()]
+    return "\n".join(block).strip().split("\n\n")[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_the_readme_example_runs_as_written(tmp_path):
+    [command] = fenced_blocks((REPO / "README.md").read_text(), "## Examples", "bash")
+    assert command.startswith("source .venv/bin/activate\n")
+    # the same command as the example's docstring (test_examples.py runs that one too; CI runs this)
+    documented = docstring_command(REPO / "examples" / "train_loop_integration.py")
+    assert command.split("\n", 1)[1].split() == documented.split()
+    assert Path(sys.prefix, "bin", "activate").exists(), "run the docs tests from a virtual environment"
+    output = run_in_scratch(command, tmp_path, timeout=170)
+    events = read_events(tmp_path / "ft_launcher_logs" / "ft_events.jsonl")
+    assert events_of(events, "result")[-1]["outcome"] == "succeeded"
+    assert "simulated fault rank_hung: sending SIGSTOP" in output
+    hangs = [f for f in events_of(events, "failure") if f["cause_kind"] == "hang"]
+    assert hangs and {f["cycle"] for f in hangs} == {0}, output[-6000:]
+    # "a step timeout of about a second, so the frozen rank is caught at once", not the 60 s minimum
+    assert all(f["timeout"] < 10 for f in hangs if f.get("timeout") is not None), hangs
+    assert any(f.get("timeout") is not None for f in hangs), hangs
+    state = json.loads((tmp_path / "runs" / "loop_integration" / "checkpoints" / "_ft_state.json").read_text())
+    assert state["section_timeouts"]["calculated_sections"]
+
+
+# The snippet's placeholders, filled with the least that runs: a linear model, a few batches,
+# a checkpoint file per save. The snippet itself is pasted below this prelude unchanged, but for
+# its process group's arguments.
+INTEGRATION_PRELUDE = """
+import os
+import sys
+import torch
+import torch.distributed as dist
+
+checkpoint_dir = sys.argv[1]
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+data = [torch.randn(2, 4) for _ in range(20)]
+eval_data = data[:2]
+first_step, eval_every, save_every = 1, 10, 5
+
+
+def load_checkpoint(directory):
+    return os.path.exists(os.path.join(directory, "model.pt"))
+
+
+def train_step(batch):
+    optimizer.zero_grad()
+    model(batch).sum().backward()
+    optimizer.step()
+
+
+def eval_step(batch):
+    with torch.no_grad():
+        model(batch)
+
+
+def save_checkpoint(directory):
+    if dist.get_rank() == 0:
+        torch.save(model.state_dict(), os.path.join(directory, "model.pt"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_loop_integration_snippet_and_command_run_as_written(tmp_path):
+    text = (DOCS / "integration.md").read_text()
+    heading = "## `ft_core.integration`: a plain training loop"
+    snippet = fenced_blocks(text, heading, "python")[0]  # the first of each, before "### What is watched"
+    command = fenced_blocks(text, heading, "bash")[0]
+    assert "dist.init_process_group(...)" in snippet
+    snippet = snippet.replace("dist.init_process_group(...)", 'dist.init_process_group("gloo")')
+    (tmp_path / "train.py").write_text(INTEGRATION_PRELUDE + snippet)
+    checkpoints = tmp_path / "ckpt"
+    checkpoints.mkdir()
+    # The command as written; the script's own argument (its checkpoint directory) appended.
+    assert command.rstrip().endswith("train.py")
+    output = run_in_scratch(command.rstrip() + f" {checkpoints}", tmp_path, timeout=260)
+    events = read_events(tmp_path / "ft_launcher_logs" / "ft_events.jsonl")
+    [result] = events_of(events, "result")
+    assert result["outcome"] == "succeeded" and not events_of(events, "failure"), output[-6000:]
+    [start] = events_of(events, "launcher_start")
+    assert start["nproc_per_node"] == 8
+    assert start["config"]["initial_rank_heartbeat_timeout"] is None
+    state = json.loads((checkpoints / "_ft_state.json").read_text())
+    assert "step" in state["section_timeouts"]["calculated_sections"]
+
+
+CONFIG_ERROR_WORKER = """
+import logging
+from ft_core.client.run_errors import stop_job_for_setup_error
+from ft_core.wire.config import ConfigError
+
+# What the Lightning callbacks do with a setup error: ask for ShutdownWorkload, then raise it.
+error = ConfigError("FaultToleranceCallback(autoresume=True) needs FAULT_TOL_FINISHED_FLAG_FILE: set it")
+stop_job_for_setup_error(error, logging.getLogger("worker"))
+raise error
+"""
+
+
+def test_the_quoted_config_error_line_is_the_launchers(tmp_path):
+    text = (DOCS / "lightning.md").read_text()
+    section = text[text.index("A `ConfigError` is a setup error that no restart can fix"):]
+    quoted = re.search(r"```\n(\[ft_launcher\][^\n]*)\n```", section).group(1)
+    # the quote's pid and "..." stand for anything
+    pattern = re.escape(quoted).replace(r"pid\ 812", r"pid\ \d+").replace(r"\.\.\.", ".*")
+    script = tmp_path / "worker.py"
+    script.write_text(CONFIG_ERROR_WORKER)
+    proc = start_launcher(["--standalone", "--nproc-per-node", "1", "--no-warm-restarts", "--ft-event-log", "none",
+                           str(script)])
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 64, err[-4000:]
+    lines = [line for line in err.splitlines() if line.startswith("[ft_launcher] cycle 0:")]
+    assert any(re.fullmatch(pattern, line) for line in lines), (quoted, lines)
+
+
+def test_autoresume_md_says_when_the_launcher_gets_standalone(tmp_path, monkeypatch):
+    from launcher.resume import options
+
+    sentence = " ".join((DOCS / "autoresume.md").read_text().split())
+    assert "nor any `-a` is given, the launcher gets `--standalone`" in sentence
+    monkeypatch.chdir(tmp_path)
+    launcher = str(Path(sys.executable).parent / "ft_launcher")
+
+    def launcher_args(*argv: str) -> list[str]:
+        opts = options.from_environment({"FT_LAUNCHER": launcher})
+        return options.validate(options.parse_args([*argv, "t.py"], opts), {}).launcher_args
+
+    assert launcher_args() == ["--standalone"]
+    assert launcher_args("-a", "--nproc-per-node=2") == ["--nproc-per-node=2"]  # -a alone: none added
+    assert launcher_args("--launcher-args", "") == []
 
 
 # ---------------------------------------------------------------------- figures and wording
