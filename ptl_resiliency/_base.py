@@ -405,7 +405,7 @@ class _FaultToleranceCallbackBase(Callback):
             self._updated_logged = snapshot
             self._log.rank_zero_info("Updated FT timeouts. New values: %s", text)
         else:
-            self._log.debug("Updated FT timeouts, no significant change: %s", text)
+            self._log.debug("Updated FT timeouts: no significant change")  # short: every checkpoint, every rank
 
     def _log_metrics(self, save: bool = False) -> None:
         """Log what changed of the cycle and the timeouts in force; never raises."""

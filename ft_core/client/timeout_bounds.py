@@ -366,4 +366,5 @@ class InForceLog:
             self._logged[kind] = snapshot
             self._log.rank_zero_info("%s timeouts in force (%s): %s", kind, why, text)
         else:
-            self._log.debug("%s timeouts %s, no significant change: %s", kind, why, text)
+            # short: it comes at every checkpoint on every rank that logs DEBUG
+            self._log.debug("%s timeouts %s: no significant change since the last 'in force' line", kind, why)

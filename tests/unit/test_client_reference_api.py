@@ -99,7 +99,7 @@ def test_the_in_force_line_says_what_was_observed_calculated_and_applied(
         assert "raised to the minimum 60.0 s of min_calculated_section_timeout)" in first
         assert "averaged" not in first
         # merged with the value in force, then raised again: the line shows both steps
-        assert "no significant change" in second and "averaged with the previous 60.0 s = 30.0 s, raised" in second
-        assert "out-of-section 900 s (configured)" in second
+        # issue 29 item 10: at DEBUG this line came at every checkpoint on every rank, ~500 characters long
+        assert second == "section timeouts calculated: no significant change since the last 'in force' line"
     finally:
         client.shutdown_workload_monitoring()
