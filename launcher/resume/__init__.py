@@ -14,6 +14,8 @@ and forwarding signals, holding the run directory's lock, and the builtins-only 
 - :mod:`launcher.resume.options`: the script's options and their validation;
 - :mod:`launcher.resume.own_files`: the run directory and its files as only this user can have
   made them (no other user's file, no symbolic link, a 0600 lock file);
+- :mod:`launcher.resume.batch_shell`: whether the script is SLURM's batch shell (exec'd), or a
+  child of it that SLURM's warning signals would never reach (a warning at the start);
 - :mod:`launcher.resume.__main__`: the command line the script calls between attempts.
 
 Standard library only, and nothing heavy: it runs between attempts, in a SLURM batch shell that
