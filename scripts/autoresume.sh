@@ -73,9 +73,12 @@ Options (a flag beats its environment variable):
   -h, --help               this text
 
 In slurm mode the launcher gets, before your own arguments (so yours win):
-  --nnodes=$SLURM_NNODES --rdzv-backend=c10d --rdzv-endpoint=ADDR:PORT (ADDR: the NodeAddr
+  --nnodes=$SLURM_NNODES (left out when your arguments give --nnodes, e.g. an elastic
+  --nnodes MIN:MAX) --rdzv-backend=c10d --rdzv-endpoint=ADDR:PORT (ADDR: the NodeAddr
   of the first node of the allocation, usually its host name)
   --rdzv-id=autoresume-$SLURM_JOB_ID-ATTEMPT
+With --nnodes MIN:MAX and sbatch --no-kill, a job that SLURM shrank after losing a node is
+requeued on the nodes it has left (at least MIN), not held until the lost node returns.
 The ranks see FAULT_TOL_FINISHED_FLAG_FILE, AUTORESUME_ATTEMPT (1, 2, ...) and
 AUTORESUME_RUN_DIR, plus the rest of the environment.
 
@@ -271,7 +274,7 @@ run_slurm_attempt() {
   local srun_cmd=(srun --nodes="$NNODES" --ntasks="$NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0)
   if [ -n "${SLURM_CPUS_PER_TASK:-}" ]; then srun_cmd+=(--cpus-per-task="$SLURM_CPUS_PER_TASK"); fi
   srun_cmd+=("${SRUN_ARGS[@]}")
-  local launcher_cmd=("$LAUNCHER" --nnodes="$NNODES" --rdzv-backend=c10d
+  local launcher_cmd=("$LAUNCHER" ${NNODES_ARGS[@]+"${NNODES_ARGS[@]}"} --rdzv-backend=c10d
     --rdzv-endpoint="$RDZV_HOST:$RDZV_PORT" --rdzv-id="autoresume-$SLURM_JOB_ID-$ATTEMPT"
     "${LAUNCHER_ARGS[@]}" "${COMMAND[@]}")
   log "attempt $ATTEMPT: $NNODES node(s), rendezvous on $FIRST_HOST ($RDZV_HOST:$RDZV_PORT): ${launcher_cmd[*]}"
@@ -292,11 +295,19 @@ run_slurm_attempt() {
 # exclusion is lost (logged in slurmctld's log), never the requeue; no hold that could be left
 # in place.
 exclude_after_requeue() {
-  (trap '' TERM; exec scontrol update JobId="$JOB_REF" ExcNodeList="$EXCLUDE_LIST") </dev/null &
-  if [ -n "$EXCLUDE_LIST" ]; then
+  local fields=()
+  if [ -n "$EXCLUDE_UPDATE" ]; then fields+=("ExcNodeList=$EXCLUDE_LIST"); fi
+  # A --no-kill job that lost a node asks for its first count again: the count it has left.
+  # NODE_COUNT_FIELDS: NumNodes and NumTasks, from the decide step.
+  if [ -n "$NUM_NODES_UPDATE" ]; then fields+=("${NODE_COUNT_FIELDS[@]}"); fi
+  (trap '' TERM; exec scontrol update JobId="$JOB_REF" "${fields[@]}") </dev/null &
+  if [ -n "$EXCLUDE_UPDATE" ] && [ -n "$EXCLUDE_LIST" ]; then
     log "asked SLURM to start job $JOB_REF again without $EXCLUDE_LIST"
-  else
+  elif [ -n "$EXCLUDE_UPDATE" ]; then
     log "asked SLURM to start job $JOB_REF again on any node (exclusion list cleared)"
+  fi
+  if [ -n "$NUM_NODES_UPDATE" ]; then
+    log "asked SLURM to start job $JOB_REF again on $NUM_NODES_UPDATE node(s)"
   fi
 }
 
@@ -322,7 +333,8 @@ requeue_job() {   # -> 0 when SLURM accepted the requeue
 # ------------------------------------------------------------------------------------ main
 main() {
   find_python "$@"
-  step config "$@"   # RUN_DIR, LOCK_FILE, FLAG_FILE, MODE, LAUNCHER, LAUNCHER_ARGS, COMMAND, ..., POLICY_ARGS
+  # AUTORESUME_SCRIPT_PID: the config step warns when this script is not SLURM's batch shell.
+  AUTORESUME_SCRIPT_PID=$$ step config "$@"   # RUN_DIR, LOCK_FILE, FLAG_FILE, MODE, LAUNCHER, LAUNCHER_ARGS, COMMAND, ..., POLICY_ARGS
   if [ -n "${HELP:-}" ]; then usage; exit 0; fi
 
   # LOCK_FILE: made 0600 by the config step, so that no other user can open it, let alone lock
@@ -360,7 +372,7 @@ main() {
       # From the requeue on, SLURM is stopping this job: only builtins below (see log()). A
       # refused requeue leaves the job running, so the policy may run a step then.
       if requeue_job; then
-        if [ -n "$EXCLUDE_UPDATE" ]; then exclude_after_requeue; fi
+        if [ -n "$EXCLUDE_UPDATE$NUM_NODES_UPDATE" ]; then exclude_after_requeue; fi
         DECISION=$DECISION_REQUEUED
       else
         step requeue-failed "${POLICY_ARGS[@]}" --decision="$DECISION"

@@ -60,6 +60,7 @@ class Settings:
     job_ref: str = ""
     hosts: str = ""
     nnodes: int = 1
+    min_nodes: int = 0
     max_failures: int = 3
     max_attempts: int = 0
     max_excluded: int = 4
@@ -127,6 +128,16 @@ def load_state(run_dir: str) -> State:
 # ---------------------------------------------------------------------------- steps
 
 
+def warn_if_not_exec(env: Mapping[str, str]) -> None:
+    """Log one warning line when the script runs under SLURM's batch shell instead of as it."""
+    from launcher.resume import batch_shell
+
+    pid = batch_shell.script_pid(env)
+    warning = batch_shell.not_exec_warning(env, pid) if pid else ""
+    if warning:
+        logger.warning("%s", warning)
+
+
 def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
     """Parse and check the script's arguments; print the settings."""
     from launcher.resume import options
@@ -136,6 +147,7 @@ def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
         if opts.help:
             emit(HELP=1)
             return 0
+        warn_if_not_exec(env)
         options.validate(opts, env)
         job = options.inspect_slurm_job(opts, env) if opts.mode == "slurm" else None
     except options.UsageError as err:
@@ -148,6 +160,7 @@ def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
         run_dir=opts.run_dir, flag_file=opts.flag_file, mode=opts.mode,
         job_id=job.job_id if job else "local", job_ref=job.job_ref if job else "",
         hosts=",".join(job.hosts) if job else "", nnodes=job.nnodes if job else 1,
+        min_nodes=policy.elastic_min(policy.launcher_nnodes(opts.launcher_args)),
         max_failures=int(opts.max_failures), max_attempts=int(opts.max_attempts),
         max_excluded=int(opts.max_excluded), max_stalled=int(opts.max_stalled),
         progress_path=opts.progress_path, max_repeats=int(opts.max_repeats),
@@ -157,6 +170,8 @@ def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
          FLAG_FILE=opts.flag_file, MODE=opts.mode, LAUNCHER=opts.launcher,
          LAUNCHER_ARGS=opts.launcher_args, SRUN_ARGS=opts.srun_args, COMMAND=opts.command,
          JOB_REF=settings.job_ref, NNODES=settings.nnodes,
+         # The user's --nnodes (MIN:MAX, for a job that rides out a lost node) replaces ours.
+         NNODES_ARGS=[] if policy.launcher_nnodes(opts.launcher_args) else [f"--nnodes={settings.nnodes}"],
          FIRST_HOST=job.hosts[0] if job else "", RDZV_HOST=job.rdzv_host if job else "",
          RDZV_PORT=job.rdzv_port if job else "",
          EXIT_FAILURE=EXIT_FAILURE, EXIT_SIGNAL_BASE=EXIT_SIGNAL_BASE,
@@ -305,9 +320,19 @@ def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str
     verdict = policy.decide(replace(probe, repeated=repeated), settings.limits)
     history.write_state(settings.run_dir,
                         state.ended(failures=verdict.failures, stalled=verdict.stalled))
-    excl = policy.Exclusion()
+    excl, shrink = policy.Exclusion(), 0
     if slurm and verdict.verdict == policy.CONTINUE and not out.terminated:
-        excl, changes = exclude(settings, [*past, *events], out.nodes, env)
+        from launcher.resume.options import job_node_count
+
+        # The count the requeued job asks for: what it has left, when the launchers accept it.
+        needed = policy.needed_nodes(settings.nnodes, job_node_count(settings.job_ref),
+                                     settings.min_nodes)
+        if needed < settings.nnodes:
+            shrink = needed
+            logger.info("attempt %s: SLURM removed %s lost node(s) from job %s; --nnodes MIN is %s, "
+                        "so the requeued job asks for the %s node(s) it has left",
+                        attempt, settings.nnodes - needed, settings.job_ref, settings.min_nodes, needed)
+        excl, changes = exclude(settings, [*past, *events], out.nodes, env, needed)
         events += changes
     if verdict.verdict == policy.STOP:
         events.append(repeats.Event(attempt, repeats.NO_NODE, repeats.STOPPED))
@@ -318,14 +343,17 @@ def step_decide(settings: Settings, extra: dict[str, str], env: Mapping[str, str
          HISTORY_FIELDS=history.history_fields(attempt, settings.job_id, state.start, end, rc,
                                                flag, verdict.shown_failures),
          DECISION_REQUEUED=history.one_field(
-             policy.requeued_text(verdict.text, settings.job_ref, excl)),
-         EXCLUDE_UPDATE="1" if excl.update else "", EXCLUDE_LIST=",".join(excl.nodes))
+             policy.requeued_text(verdict.text, settings.job_ref, excl, shrink)),
+         EXCLUDE_UPDATE="1" if excl.update else "", EXCLUDE_LIST=",".join(excl.nodes),
+         NUM_NODES_UPDATE=shrink or "", NODE_COUNT_FIELDS=policy.node_count_fields(
+             shrink, settings.nnodes, env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")))
     return 0
 
 
 def exclude(settings: Settings, events: list[repeats.Event], nodes: policy.NodesOutcome,
-            env: Mapping[str, str]) -> tuple[policy.Exclusion, list[repeats.Event]]:
-    """The exclusion list for the requeued job; ``RUN_DIR/excluded_nodes`` updated to match.
+            env: Mapping[str, str], needed: int) -> tuple[policy.Exclusion, list[repeats.Event]]:
+    """The exclusion list for the requeued job (which needs ``needed`` nodes);
+    ``RUN_DIR/excluded_nodes`` updated to match.
 
     Returns:
         The exclusion, and the ``excluded``/``expired`` rows for the node history.
@@ -353,7 +381,7 @@ def exclude(settings: Settings, events: list[repeats.Event], nodes: policy.Nodes
         from launcher.resume.options import partition_size
 
         partition = partition_size(env)
-    excl = policy.exclusion(kept, new, settings.max_excluded, partition, settings.nnodes)
+    excl = policy.exclusion(kept, new, settings.max_excluded, partition, needed)
     if expired and not excl.update:
         excl = policy.Exclusion((), True)
     if excl.note:

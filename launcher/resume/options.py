@@ -328,6 +328,18 @@ def inspect_slurm_job(opts: Options, env: Mapping[str, str]) -> SlurmJob:
     return SlurmJob(job_id, job_ref, hosts, rdzv_host, port, int(nnodes))
 
 
+def job_node_count(job_ref: str) -> int | None:
+    """``NumNodes`` of the job now (``scontrol show job``; smaller than at its start when SLURM
+    removed a lost node from a ``--no-kill`` job), None when unknown."""
+    try:
+        out = _scontrol("show", "job", "-o", job_ref).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    # A running job shows "NumNodes=2"; a pending one may show a range "2-3" (take its minimum).
+    match = re.search(r"(?:^|\s)NumNodes=(\d+)", out)
+    return int(match.group(1)) if match else None
+
+
 def partition_size(env: Mapping[str, str]) -> int | None:
     """Nodes in the job's partition (``sinfo``), None when unknown."""
     command = ["sinfo", "-h", "-N", "-o", "%N"]

@@ -444,7 +444,7 @@ def exclusion(previous: Sequence[str], bad_nodes: Sequence[str], max_excluded: i
         max_excluded: ``--max-excluded``: keep at most this many, dropping the oldest; 0 = never
             exclude (and never touch the job's list).
         partition_nodes: Nodes in the job's partition (sinfo), None if unknown.
-        needed_nodes: Nodes the job needs.
+        needed_nodes: Nodes the requeued job needs (:func:`needed_nodes`).
 
     Returns:
         No update when nothing is to be excluded. The list is dropped (update to an empty list)
@@ -464,9 +464,66 @@ def exclusion(previous: Sequence[str], bad_nodes: Sequence[str], max_excluded: i
     return Exclusion(tuple(nodes), True)
 
 
-def requeued_text(text: str, job_ref: str, excl: Exclusion) -> str:
-    """The decision as recorded once ``scontrol requeue`` accepted the continuation."""
+def launcher_nnodes(args: Sequence[str]) -> str | None:
+    """The value of the last ``--nnodes`` among ft_launcher's arguments (the one torch's parser
+    keeps), None when there is none."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == "--nnodes" and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith("--nnodes="):
+            value = arg.partition("=")[2]
+    return value
+
+
+def elastic_min(nnodes: str | None) -> int:
+    """``--nnodes MIN:MAX``'s MIN when MIN < MAX (the job may go on with fewer nodes), else 0."""
+    low, colon, high = (nnodes or "").partition(":")
+    if colon and low.isdigit() and high.isdigit() and 0 < int(low) < int(high):
+        return int(low)
+    return 0
+
+
+def needed_nodes(requested: int, current: int | None, min_nodes: int) -> int:
+    """The nodes the requeued job is to ask for.
+
+    Args:
+        requested: The job's node count when this attempt started (``SLURM_JOB_NUM_NODES``).
+        current: ``NumNodes`` of the job now (``scontrol show job``), None if unknown. Under
+            ``sbatch --no-kill`` SLURM removes a lost node from the job, but a requeued job
+            asks for its original count again, and waits for the lost node to come back.
+        min_nodes: ``--nnodes`` MIN of an elastic launcher (:func:`elastic_min`), 0 if none.
+
+    Returns:
+        ``current`` when the job shrank and the launchers accept that many nodes (elastic, at
+        least MIN), else ``requested``: a job sized ``--nnodes N`` is never made smaller.
+    """
+    if current is not None and min_nodes and min_nodes <= current < requested:
+        return current
+    return requested
+
+
+def node_count_fields(nodes: int, requested: int, ntasks: str | None) -> list[str]:
+    """The ``scontrol update`` fields that shrink the requeued job to ``nodes`` (0: none).
+
+    ``NumTasks`` goes down with ``NumNodes`` (as many tasks per node as before): a job submitted
+    with ``--ntasks-per-node`` holds a task count for its first size, and with more tasks than
+    its nodes can take SLURM keeps it pending for good (``BadConstraints``).
+    """
+    if not nodes:
+        return []
+    fields = [f"NumNodes={nodes}"]
+    if ntasks and ntasks.isdigit() and requested > 0 and int(ntasks) % requested == 0:
+        fields.append(f"NumTasks={nodes * int(ntasks) // requested}")
+    return fields
+
+
+def requeued_text(text: str, job_ref: str, excl: Exclusion, nodes: int = 0) -> str:
+    """The decision as recorded once ``scontrol requeue`` accepted the continuation (``nodes``:
+    the node count the requeued job was shrunk to, 0 when unchanged)."""
     text += f"; job {job_ref} requeued"
     if excl.update:
         text += f" excluding {','.join(excl.nodes)}" if excl.nodes else " excluding no node"
+    if nodes:
+        text += f" on {nodes} node(s)"
     return text

@@ -347,6 +347,59 @@ def test_exclusion(previous: list[str], bad: list[str], max_excluded: int, parti
     assert (excl.nodes, excl.update, excl.note) == expected
 
 
+# A --no-kill job SLURM shrank from 3 to 2 nodes (NumNodes=2 after node3 was lost), on a 3-node
+# partition: (name, requested, NumNodes now, --nnodes MIN, bad nodes) -> (nodes the requeued
+# job asks for, exclusion list, note). Before, the requested 3 was used: "not excluding node3:
+# 3 node(s) would no longer fit in the 3 of the partition", and the job waited for node3.
+SHRUNK_ROWS = [
+    ("elastic 2:3, shrank to 2: exclude the lost node", 3, 2, 2, ["node3"], (2, ("node3",), "")),
+    ("elastic 1:3, shrank to 2", 3, 2, 1, ["node3"], (2, ("node3",), "")),
+    ("elastic, shrank below MIN: the request stands", 3, 1, 2, ["node3"],
+     (3, (), "not excluding node3: 3 node(s) would no longer fit in the 3 of the partition; list dropped")),
+    ("--nnodes 3 (not elastic): never made smaller", 3, 2, 0, ["node3"],
+     (3, (), "not excluding node3: 3 node(s) would no longer fit in the 3 of the partition; list dropped")),
+    ("NumNodes unknown: the request", 3, None, 2, ["node3"],
+     (3, (), "not excluding node3: 3 node(s) would no longer fit in the 3 of the partition; list dropped")),
+    ("did not shrink", 3, 3, 2, ["node3"],
+     (3, (), "not excluding node3: 3 node(s) would no longer fit in the 3 of the partition; list dropped")),
+]
+
+
+@pytest.mark.parametrize(("requested", "current", "min_nodes", "bad", "expected"),
+                         [row[1:] for row in SHRUNK_ROWS], ids=[row[0] for row in SHRUNK_ROWS])
+def test_exclusion_of_a_shrunk_job(requested: int, current: int | None, min_nodes: int, bad: list[str],
+                                   expected: tuple) -> None:
+    need = policy.needed_nodes(requested, current, min_nodes)
+    excl = policy.exclusion([], bad, 4, 3, need)
+    assert (need, excl.nodes, excl.note) == expected
+
+
+@pytest.mark.parametrize(("args", "nnodes", "elastic"), [
+    ([], None, 0),
+    (["--nproc-per-node", "8"], None, 0),
+    (["--nnodes", "2:3"], "2:3", 2),
+    (["--nnodes=1:4", "--max-restarts", "3"], "1:4", 1),
+    (["--nnodes", "3"], "3", 0),
+    (["--nnodes", "3:3"], "3:3", 0),
+    (["--nnodes", "2:3", "--nnodes=3"], "3", 0),  # the last one wins, as in torch's parser
+    (["--nnodes"], None, 0),
+])
+def test_launcher_nnodes(args: list[str], nnodes: str | None, elastic: int) -> None:
+    assert policy.launcher_nnodes(args) == nnodes
+    assert policy.elastic_min(nnodes) == elastic
+
+
+@pytest.mark.parametrize(("nodes", "requested", "ntasks", "fields"), [
+    (0, 3, "3", []),
+    (2, 3, "3", ["NumNodes=2", "NumTasks=2"]),
+    (2, 3, "6", ["NumNodes=2", "NumTasks=4"]),
+    (2, 3, None, ["NumNodes=2"]),
+    (2, 3, "4", ["NumNodes=2"]),  # not as many tasks on every node: left to SLURM
+])
+def test_node_count_fields(nodes: int, requested: int, ntasks: str | None, fields: list[str]) -> None:
+    assert policy.node_count_fields(nodes, requested, ntasks) == fields
+
+
 @pytest.mark.parametrize(("excl", "text"), [
     (policy.Exclusion(), "continue: x; job 17_3 requeued"),
     (policy.Exclusion(("a", "b"), True), "continue: x; job 17_3 requeued excluding a,b"),
@@ -601,6 +654,16 @@ def test_config_output_is_shell_safe(tmp_path: Path, launcher: str) -> None:
     assert out["LAUNCHER_ARGS"] == "<--nproc-per-node><2>"
     assert out["MODE"] == "local" and out["RUN_DIR"] == str(run_dir)
     assert not list(tmp_path.rglob("pwned")) and not Path("pwned").exists()
+
+
+def test_config_leaves_out_its_nnodes_when_the_user_gives_one(tmp_path: Path, launcher: str) -> None:
+    code = 'eval "$("$PY" -m launcher.resume config "$@")"; printf "%s:%s" "${#NNODES_ARGS[@]}" "${NNODES_ARGS[*]}"'
+    for launcher_args, shown in (("--nnodes 2:3 --nproc-per-node 2", "0:"), ("--nproc-per-node 2", "1:--nnodes=1")):
+        proc = subprocess.run(["bash", "-c", code, "step", "--launcher", launcher, "-d", str(tmp_path / "r"),
+                               "--launcher-args", launcher_args, "--", "t.py"], capture_output=True, text=True,
+                              env={**os.environ, "PY": sys.executable, "PYTHONPATH": str(REPO)}, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout == shown, (launcher_args, proc.stdout)
 
 
 def test_config_usage_error_exits_2(tmp_path: Path) -> None:
