@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from ft_core.client.state_file import state_file_path
@@ -25,8 +26,32 @@ DEFAULT_STATE_SUBDIR = "ft_state"
 """The state file's directory under ``trainer.default_root_dir`` when no ``exp_dir`` is given."""
 
 
-def state_file_for_trainer(trainer: pl.Trainer, exp_dir: Optional[str]) -> str:
-    """Where the timeouts state file lives: in ``exp_dir``, or ``<trainer.default_root_dir>/ft_state``.
+def default_state_dir(root_dir: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """The timeouts state file's directory when no ``exp_dir`` is given, keyed to the run.
+
+    Calculated timeouts belong to one run: an unrelated later job started from the same
+    directory must not load them. So the directory is, in this order:
+
+    - ``$AUTORESUME_RUN_DIR/ft_state`` under ``autoresume.sh``/``ft_autoresume`` (every attempt
+      of that run, and only those, share it);
+    - ``<root_dir>/ft_state/slurm-<job>`` in a SLURM job (``<array job>_<task>`` for an array
+      task): a requeued job keeps its id, a new submission gets a new one;
+    - ``<root_dir>/ft_state`` elsewhere (a local run started the same way finds it again).
+    """
+    env = os.environ if env is None else env
+    if env.get("AUTORESUME_RUN_DIR"):
+        return os.path.join(env["AUTORESUME_RUN_DIR"], DEFAULT_STATE_SUBDIR)
+    array_job, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{task}" if array_job and task else env.get("SLURM_JOB_ID")
+    if job:
+        return os.path.join(root_dir, DEFAULT_STATE_SUBDIR, f"slurm-{job}")
+    return os.path.join(root_dir, DEFAULT_STATE_SUBDIR)
+
+
+def state_file_for_trainer(trainer: pl.Trainer, exp_dir: Optional[str],
+                           env: Optional[Mapping[str, str]] = None) -> str:
+    """Where the timeouts state file lives: in ``exp_dir``, or :func:`default_state_dir` under
+    ``trainer.default_root_dir``.
 
     ``default_root_dir`` (the working directory unless the ``Trainer`` is given one) is the same
     for every run started the same way, so the next run finds the timeouts; ``trainer.log_dir``
@@ -34,7 +59,7 @@ def state_file_for_trainer(trainer: pl.Trainer, exp_dir: Optional[str]) -> str:
     without a logger).
     """
     if exp_dir is None:
-        exp_dir = os.path.join(trainer.default_root_dir, DEFAULT_STATE_SUBDIR)
+        exp_dir = default_state_dir(trainer.default_root_dir, env)
     return state_file_path(exp_dir)
 
 

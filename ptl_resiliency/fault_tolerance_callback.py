@@ -52,7 +52,8 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
         simulated_fault_params: A :class:`~ft_core.client.simulated_fault.SimulatedFaultParams` or an
             equivalent dict, to kill or hang one rank on purpose (for testing restarts).
         exp_dir: Directory of the timeouts file; default ``<trainer.default_root_dir>/ft_state``
-            (the same for every run started the same way).
+            (the same for every run started the same way), keyed to the run under auto-resume
+            (``$AUTORESUME_RUN_DIR/ft_state``) or SLURM (``.../ft_state/slurm-<job id>``).
         logger_name: Name of the logger this callback logs to.
         graceful_stop: Turn stop signals (default SIGTERM and SIGUSR1) into a coordinated stop:
             all ranks agree on a step, save a checkpoint there and leave ``fit`` with

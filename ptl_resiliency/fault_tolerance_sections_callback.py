@@ -78,7 +78,8 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
         calculate_timeouts: Calculate timeouts from observed durations and persist them.
         simulated_fault_params: A fault to simulate (see ``SimulatedFaultParams``).
         exp_dir: Directory of the timeouts file; default ``<trainer.default_root_dir>/ft_state``
-            (the same for every run started the same way).
+            (the same for every run started the same way), keyed to the run under auto-resume
+            (``$AUTORESUME_RUN_DIR/ft_state``) or SLURM (``.../ft_state/slurm-<job id>``).
         logger_name: Name of the logger this callback logs to.
         exc_handling_policy: Maps the exception that ended the run to a workload control
             request, or to None for no request (not called for a graceful stop).
