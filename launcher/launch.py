@@ -80,6 +80,23 @@ STOP_GRACE_MARGIN = 30.0
 """A stop by signal may take ``--term-timeout`` plus this long before it is forced."""
 
 
+def rendezvous_error_text(err: BaseException) -> str:
+    """``err``'s message; for torch's rendezvous errors raised without one, what happened and what
+    to do (a bare ``RendezvousTimeoutError: `` told a user nothing)."""
+    text = str(err).strip()
+    if text:
+        return text
+    name = type(err).__name__
+    if name == "RendezvousTimeoutError":
+        return ("the round did not form within join_timeout (--rdzv-conf join_timeout, 600 s by "
+                "default): fewer nodes than --nnodes (MIN) joined, e.g. a node was lost or never "
+                "started; check the other nodes, and use --nnodes MIN:MAX to go on without a lost node")
+    if name == "RendezvousClosedError":
+        return ("the rendezvous was closed by another node (the job finished or stopped there, or its "
+                "launcher gave up), so this node cannot join another round; see that node's log for why")
+    return "no message (see the other nodes' logs)"
+
+
 @dataclass(frozen=True)
 class Outcome:
     """How the launcher ends.
@@ -319,7 +336,7 @@ class LauncherRun:
             close = False  # keep the rendezvous open for the other nodes' restarts
             result = self._stopped_by(err.sigval)
         except RendezvousError as err:
-            logger.error("rendezvous failed: %s: %s", type(err).__name__, err)
+            logger.error("rendezvous failed: %s: %s", type(err).__name__, rendezvous_error_text(err))
             result = _Result("rendezvous failed", exit_codes.EXIT_FAILURE)
         except NodeCheckFailed as err:
             close = False  # the other nodes go on without this one (a spare takes its place)
