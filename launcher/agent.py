@@ -620,7 +620,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         # One node fewer must still make a round (--nnodes MIN) for a node to leave instead of a stop.
         can_lose_a_node = (worker_group.group_world_size or 1) - 1 >= self._policy.min_nodes
         verdict = (self._crash_loop.on_failure(
-            CycleFailure(self.cycle, first.fingerprint, first.root_step, self._root_node(first, worker_group)),
+            CycleFailure(self.cycle, first.fingerprint, first.root_step, self._root_node(first, worker_group),
+                         first.root_before_first_step),
             can_lose_a_node) if first.fingerprint is not None else None)
         if verdict is not None and verdict.stop:
             # Every node chose the same root from the same views, so every node stops here too.
@@ -754,7 +755,8 @@ class FaultTolerantAgent(LocalElasticAgent):
             who = f"rank {entry.rank}" if entry.rank is not None else "the node"
             logger.warning("straggler: %s on node %s is slow (relative score %s, individual score %s; "
                            "flagged in %d report(s) in a row; action: %s)", who, entry.node,
-                           entry.relative, entry.individual, entry.consecutive, entry.action)
+                           _score_text(entry.relative), _score_text(entry.individual), entry.consecutive,
+                           entry.action)
 
     def _check_other_nodes(self, force: bool = False) -> None:
         """Learn about a ShutdownWorkload requested on another node."""
@@ -852,6 +854,11 @@ class _WorkerPidLogFilter(logging.Filter):
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
+
+
+def _score_text(score: float | None) -> str:
+    """A straggler score for a log line: 2 decimals (``0.51``), ``-`` when not computed."""
+    return "-" if score is None else f"{score:.2f}"
 
 
 def _live_group_ranks(worker_group: WorkerGroup) -> frozenset[int] | None:

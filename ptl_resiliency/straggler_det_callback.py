@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any, Optional
 
+from ft_core.client.ranklog import configure_rank_logging
 from ft_core.straggler.engine import DEFAULT_MIN_SAMPLES, StragglerEngine
 from ft_core.straggler.outcome import (
     ACTIONS,
@@ -41,8 +42,10 @@ class StragglerDetectionCallback(Callback):
         report_time_interval: Seconds between reports (default 300).
         calc_relative_gpu_perf: Score each rank against the median rank (default True).
         calc_individual_gpu_perf: Score each rank against its own best interval (default True).
-        num_gpu_perf_scores_to_print: Worst ranks named in each report line; 0: a line only when
-            something is flagged (default 5).
+        num_gpu_perf_scores_to_print: N best and worst scores listed under the reference's
+            headings ("GPU relative performance:", "GPU individual performance:"), and worst ranks
+            named in our report line; 0: no listings, our line only when something is flagged
+            (default 5).
         gpu_relative_perf_threshold: Flag a rank or node whose relative score is below this
             (default 0.8: about 1.25x slower than the median rank).
         gpu_individual_perf_threshold: Flag a rank whose individual score is below this (default 0.7:
@@ -119,9 +122,12 @@ class StragglerDetectionCallback(Callback):
     # ------------------------------------------------------------------ set-up
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Start detection (``fit`` only)."""
+        """Start detection (``fit`` only); the report lines reach the console as the other callbacks' do."""
         if stage != TrainerFn.FITTING or self._engine is not None:
             return
+        if self.logger is not logging.getLogger():  # logger_name=None: the root logger, the program's own
+            # INFO, and a console handler when the program set up no logging (as the FT callbacks)
+            configure_rank_logging(None, self.logger.name, "ft_core.straggler")
         scores = [name for name, on in (("relative_perf_scores", self.calc_relative_gpu_perf),
                                         ("individual_perf_scores", self.calc_individual_gpu_perf)) if on]
         self._engine = StragglerEngine(self.report_time_interval, scores, self.profiling_interval,

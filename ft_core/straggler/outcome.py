@@ -4,8 +4,10 @@
 report it
 
 * flags ranks (and nodes) whose scores are below the thresholds, and counts reports in a row;
-* logs one line (rank 0) naming the worst ranks with node and scores, and for flagged ranks the
-  reference's ``"... Affected ranks: {...}"`` warning;
+* logs (rank 0), with ``num_to_print`` > 0, the reference's best and worst scores under its
+  headings ``GPU relative performance:`` and ``GPU individual performance:`` (log checks written
+  for the reference find them), then our one line naming the worst ranks with node and scores;
+  for flagged ranks the reference's ``"... Affected ranks: {...}"`` warning;
 * sends one ``straggler`` event per flagged rank and node to this node's ``ft_launcher`` (local
   rank 0 only, entries of its own node: each node's launcher records its own ranks);
 * decides the action: ``"stop"`` (``stop_if_detected``: any flag), ``"replace"`` (a node flagged
@@ -26,7 +28,8 @@ from ft_core.straggler.scores import Report, StragglerId, Streaks
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIONS", "DEFAULT_REPLACE_AFTER", "Outcome", "ReportHandler", "request_node_exclusion"]
+__all__ = ["ACTIONS", "DEFAULT_REPLACE_AFTER", "Outcome", "ReportHandler", "reference_scores_lines",
+           "request_node_exclusion"]
 
 ACTIONS = ("report", "stop", "replace")
 DEFAULT_REPLACE_AFTER = 3
@@ -59,6 +62,27 @@ class Outcome:
 
 def _fmt(score: Optional[float]) -> str:
     return "-" if score is None or not math.isfinite(score) else f"{score:.2f}"
+
+
+def reference_scores_lines(scores: Mapping[int, float], rank_to_node: Mapping[int, str], count: int) -> list[str]:
+    """The reference's listing of ``scores`` for ``count`` best and worst ranks.
+
+    Returns:
+        ``"  Rank=R Node=N Score=S.SS"`` lines (scores to 2 decimals): every scored rank, worst
+        first, when there are at most ``2 * count``; else the worst ``count`` (worst first) and
+        the best ``count`` (best first), each group under a ``" Worst/Best performing
+        count/total ranks:"`` line. Ranks without a finite score are left out.
+    """
+    ranked = sorted((score, rank) for rank, score in scores.items() if score is not None and math.isfinite(score))
+
+    def row(score: float, rank: int) -> str:
+        return f"  Rank={rank} Node={rank_to_node.get(rank, '<unk>')} Score={score:.2f}"
+
+    if len(ranked) <= 2 * count:
+        return [row(score, rank) for score, rank in ranked]
+    total = len(ranked)
+    return ([f" Worst performing {count}/{total} ranks:", *(row(s, r) for s, r in ranked[:count]),
+             f" Best performing {count}/{total} ranks:", *(row(s, r) for s, r in reversed(ranked[-count:]))])
 
 
 class ReportHandler:
@@ -113,6 +137,12 @@ class ReportHandler:
 
     def _log(self, report: Report, outcome: Outcome) -> None:
         rel, ind = report.gpu_relative_perf_scores, report.gpu_individual_perf_scores
+        if self.num_to_print > 0:
+            for heading, scores, on in (("GPU relative performance:", rel, self.relative_threshold is not None),
+                                        ("GPU individual performance:", ind, self.individual_threshold is not None)):
+                if on:
+                    lines = reference_scores_lines(scores, report.rank_to_node, self.num_to_print)
+                    self.log.info("%s\n%s", heading, "\n".join(lines) or "  no scores yet")
         if self.num_to_print > 0 or outcome.flagged:
             ranks = sorted(set(rel) | set(ind), key=lambda r: (rel.get(r, math.inf), ind.get(r, math.inf)))
             worst = ranks[:max(self.num_to_print, len(outcome.relative | outcome.individual), 1)]

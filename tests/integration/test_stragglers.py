@@ -72,6 +72,38 @@ def test_a_rank_with_a_slower_forward_and_one_with_a_slower_backward_are_flagged
     assert all(e["action"] == "report" and e["relative"] < 0.85 for e in stragglers), stragglers
 
 
+def test_without_any_logging_set_up_the_reports_appear_as_the_references_then_ours(tmp_path: Path) -> None:
+    # A user's script with no logging.basicConfig: the callback's lines reach the console as the
+    # fault tolerance callbacks' do. With num_gpu_perf_scores_to_print the reference's headed
+    # listings come first (scores to 2 decimals), then our one line; the launcher's straggler line
+    # rounds the scores too.
+    cfg = {"max_steps": 60, "fwd_ms": 20, "bwd_ms": 20, "slow": {"1": "forward"}, "slow_factor": 2.0,
+           "no_logging_setup": True,
+           "cb": {"report_time_interval": 1.5, "calc_individual_gpu_perf": True, "gpu_individual_perf_threshold": 0.0,
+                  "gpu_relative_perf_threshold": 0.85, "num_gpu_perf_scores_to_print": 1}}
+    result, events = _launch(tmp_path, cfg, 2)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("straggler report ") for line in lines), \
+        f"no report line without a logging set-up:\n{result.stderr[-4000:]}"
+    row = re.compile(r"  Rank=(\d) Node=\S+ Score=(\d+\.\d\d)")
+    # the first report with scores (the first one may have none yet): the reference's two listings,
+    # then our line; 2 ranks <= 2 * 1, so every rank is listed, worst first
+    relative = next(i for i, line in enumerate(lines)
+                    if line == "GPU relative performance:" and row.fullmatch(lines[i + 1]))
+    individual = lines.index("GPU individual performance:", relative)
+    first = next(i for i in range(individual, len(lines)) if lines[i].startswith("straggler report "))
+    listed = [row.fullmatch(line) for line in lines[relative + 1:individual]]
+    assert all(listed) and sorted(int(m.group(1)) for m in listed) == [0, 1], lines[relative:individual]
+    assert float(listed[0].group(2)) <= float(listed[1].group(2))  # worst first
+    assert all(row.fullmatch(line) for line in lines[individual + 1:first]), lines[individual:first + 1]
+    # rank 1 (twice as slow) is flagged; the launcher's line and the events carry its scores
+    assert any("Affected ranks" in line and "rank=1" in line for line in lines), result.stderr[-4000:]
+    launcher_line = next(line for line in lines if "straggler: rank 1 on node" in line)
+    assert re.search(r"\(relative score \d+\.\d\d, individual score \d+\.\d\d;", launcher_line), launcher_line
+    assert any(e["rank"] == 1 for e in events_of(events, "straggler"))
+
+
 def test_stop_if_detected_saves_and_stops_without_marking_the_run_finished(tmp_path: Path) -> None:
     flag = tmp_path / "finished.flag"
     ckpt = tmp_path / "ckpt"

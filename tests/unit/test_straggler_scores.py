@@ -225,3 +225,17 @@ def test_a_forward_that_raises_leaves_the_timer_counting_and_sampling() -> None:
     assert timer.steps == 39
     assert len(timer.take_samples()) == 10
     timer.detach()
+
+
+def test_the_references_listing_names_the_worst_and_best_ranks_to_2_decimals() -> None:
+    from ft_core.straggler.outcome import reference_scores_lines
+
+    scores = {0: 0.9912, 1: 0.4567, 2: 1.0, 3: float("nan"), 4: 0.75, 5: 0.8}
+    nodes = {r: f"n{r // 2}" for r in range(6)}
+    # 5 scored ranks > 2 * 2: the worst 2, worst first, then the best 2, best first; NaN left out
+    assert reference_scores_lines(scores, nodes, 2) == [
+        " Worst performing 2/5 ranks:", "  Rank=1 Node=n0 Score=0.46", "  Rank=4 Node=n2 Score=0.75",
+        " Best performing 2/5 ranks:", "  Rank=2 Node=n1 Score=1.00", "  Rank=0 Node=n0 Score=0.99"]
+    # at most 2 * count: every scored rank, worst first
+    assert reference_scores_lines({0: 1.0, 1: 0.5}, {0: "a"}, 1) == ["  Rank=1 Node=<unk> Score=0.50",
+                                                                       "  Rank=0 Node=a Score=1.00"]

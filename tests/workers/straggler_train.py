@@ -11,7 +11,8 @@ slow_node (every rank whose node_name is this is slow in slow_where), slow_facto
 phase takes 1.3x its normal measured time), cb (callback kwargs; node_name defaults to the
 STRAGGLER_NODE environment variable), ckpt_dir / ckpt_every (ModelCheckpoint, resumes from
 last.ckpt), ft (add FaultToleranceCallback(autoresume=True)), jitter (each sleep varies +-20 %, random GC, a
-rare 5x step), val_every (a 20-batch evaluation every N steps).
+rare 5x step), val_every (a 20-batch evaluation every N steps), no_logging_setup (the script sets up no
+logging, as a user's script may not: what the callbacks print on their own).
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class Model(LightningModule):
 
 
 def main(cfg: dict[str, Any]) -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format=f"[rank{os.environ.get('RANK', '?')}] %(levelname)s %(name)s: %(message)s")
+    if not cfg.get("no_logging_setup"):
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format=f"[rank{os.environ.get('RANK', '?')}] %(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)
     kwargs = {"node_name": os.environ.get("STRAGGLER_NODE"), **cfg.get("cb", {})}
     callbacks: list[Any] = [StragglerDetectionCallback(**kwargs)]
