@@ -6,7 +6,8 @@ what failed in a way that is the same for such a repeat and different for anothe
 kind of failure, its cause with the numbers, addresses and pids that change from run to run
 replaced, and the innermost frame of the user's code. :class:`CrashLoopGuard` watches the
 fingerprint and the step of each failed cycle's root and says stop when the same fingerprint ends
-``max_cycles`` consecutive cycles without the step moving on by ``min_progress_steps``.
+``max_cycles`` consecutive cycles without the step moving on by ``min_progress_steps``, or before
+the first step each time (:func:`failed_before_first_step`: a setup error no restart can fix).
 
 A bad node and a bug look the same to that rule; where they differ is where the root was. When
 every failure of the run had its root on one node and the job can go on without that node (the
@@ -40,6 +41,7 @@ _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _NUMBER = re.compile(r"(?<![A-Za-z_#\d.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 _EXIT_CODE = re.compile(r"exit code (\d+)")
 _PID = re.compile(r"\bpid[ =:]*\d+", re.IGNORECASE)
+_OWN_ERROR = re.compile(r"^exit code \d+: \S")  # failures.py's cause for an exit with the rank's exception
 _SPACE = re.compile(r"\s+")
 MAX_TEXT_CHARS = 300
 
@@ -105,6 +107,25 @@ def fingerprint(root: RankState) -> Fingerprint:
     return Fingerprint(root.outcome, normalise(root.cause), _frame_without_line(frame))
 
 
+def failed_before_first_step(root: RankState) -> bool:
+    """Whether a cycle's root raised its own exception before it made its first step.
+
+    True for a crash whose cause carries the rank's exception (``exit code 1: ValueError: ...``)
+    by a rank whose monitor saw no work from it: it never connected, or it connected but announced
+    no step, sent no heartbeat and used no section. Such a failure repeats after a restart as
+    surely as one at step 30 000 (a setup error: Lightning's ``devices`` against the world size, a
+    missing file). A hang, a signal (an OOM kill, a preemption) or a bare exit code before the
+    first step may be transient (a slow file system, a busy node) and gives False: a restart may
+    help. Made from the root's :class:`~launcher.culprit.RankState`, so every node decides alike.
+    """
+    if root.outcome != culprit.CRASH or not _OWN_ERROR.match(root.cause):
+        return False
+    progress = root.progress
+    if progress is None:  # never connected to its monitor
+        return True
+    return progress.step is None and not progress.heartbeats and progress.section_since is None
+
+
 @dataclass(frozen=True)
 class CycleFailure:
     """One failed cycle as the guard sees it.
@@ -115,12 +136,14 @@ class CycleFailure:
         step: The root rank's last step (``set_step`` or the callbacks' step), None if unknown.
         node: The root's node (a name every node gives it alike, e.g. ``node2 (group rank 1)``),
             None if unknown (such a run never makes a node leave).
+        before_first_step: The root raised before its first step (:func:`failed_before_first_step`).
     """
 
     cycle: int
     fingerprint: Fingerprint
     step: int | None
     node: str | None = None
+    before_first_step: bool = False
 
 
 @dataclass(frozen=True)
@@ -153,7 +176,9 @@ class CrashLoopGuard:
 
     A cycle whose step is unknown (a script that never reports a step) neither counts as a repeat
     nor as progress: without a step a crash loop is bounded by ``--max-restarts`` alone, and a
-    transient failure is never taken for a repeat.
+    transient failure is never taken for a repeat. The exception: cycles whose root raised its own
+    exception before its first step (:attr:`CycleFailure.before_first_step`) made no step to
+    compare, and with one fingerprint they repeat (a setup error fails every restart alike).
     """
 
     def __init__(self, max_cycles: int = DEFAULT_MAX_NO_PROGRESS_CYCLES,
@@ -207,7 +232,11 @@ class CrashLoopGuard:
         self._run = []
 
     def _repeats(self, last: CycleFailure, new: CycleFailure) -> bool:
-        if new.fingerprint != last.fingerprint or new.step is None or last.step is None:
+        if new.fingerprint != last.fingerprint:
+            return False
+        if new.before_first_step and last.before_first_step:
+            return True  # the same error before any step: nothing moved on
+        if new.step is None or last.step is None:
             return False
         return new.step < last.step + self.min_progress_steps
 
@@ -215,9 +244,13 @@ class CrashLoopGuard:
     def _repeated(run: tuple[CycleFailure, ...]) -> str:
         cycles = ", ".join(str(f.cycle) for f in run)
         steps = sorted({f.step for f in run if f.step is not None})
-        at = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-        return (f"the same failure ({run[-1].fingerprint.describe()}) ended cycles {cycles} at {at} "
-                f"without progress (fingerprint {run[-1].fingerprint.digest})")
+        if not steps:  # every cycle of the run failed before its first step
+            at = "before the first step of each"
+        else:
+            at = f"at step {steps[0]}" if len(steps) == 1 else f"at steps {steps[0]}-{steps[-1]}"
+            at += " without progress"
+        return (f"the same failure ({run[-1].fingerprint.describe()}) ended cycles {cycles} {at} "
+                f"(fingerprint {run[-1].fingerprint.digest})")
 
     def _text(self, run: tuple[CycleFailure, ...], left: CycleFailure | None = None) -> str:
         why = ""

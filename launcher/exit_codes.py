@@ -18,8 +18,8 @@ EXIT_USAGE = 2
 EXIT_SHUTDOWN_REQUESTED = 64
 EXIT_NODE_EXCLUDED = 65
 EXIT_REPEATED_FAILURE = 66
-"""The same failure ended ``--ft-max-no-progress-cycles`` cycles in a row without progress
-(``launcher/crash_loop.py``); ``--ft-no-restart-exit-code`` may choose another code."""
+"""The same failure ended ``--ft-max-no-progress-cycles`` cycles in a row without progress, or
+before the first step (``launcher/crash_loop.py``); ``--ft-no-restart-exit-code`` may choose another code."""
 EXIT_SIGNAL_BASE = 128
 """A forced stop by signal N (the third stop signal): the launcher exits ``EXIT_SIGNAL_BASE + N``.
 A graceful stop by signal exits :data:`EXIT_SUCCESS` or :data:`EXIT_FAILURE`."""
@@ -74,7 +74,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
              "could go on without it",
              "continue without this node", "ExcludeThisNode"),
     ExitCode("EXIT_REPEATED_FAILURE", EXIT_REPEATED_FAILURE, "66",
-             "the same failure ended --ft-max-no-progress-cycles cycles in a row without progress: a "
+             "the same failure ended --ft-max-no-progress-cycles cycles in a row without progress (or "
+             "before the first step): a "
              "restart will not fix it (the code can be changed with --ft-no-restart-exit-code)",
              "stop: do not requeue (a repeating failure)", "repeat"),
     ExitCode("EXIT_SIGNAL_BASE", EXIT_SIGNAL_BASE, "128+N",

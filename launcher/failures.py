@@ -20,7 +20,7 @@ from ft_core.monitor.deadlines import HangKind
 from ft_core.wire.messages import ProgressReport, RankHang, StackCapture, StacksCaptured
 from ft_core.wire.stacks import innermost_user_frame
 from launcher import culprit
-from launcher.crash_loop import Fingerprint, fingerprint
+from launcher.crash_loop import Fingerprint, failed_before_first_step, fingerprint
 from launcher.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
 
 KIND_HANG = "hang"
@@ -58,6 +58,8 @@ class FailureRecord:
         fingerprint: What the cycle's root failure was (:mod:`launcher.crash_loop`; every record
             of the cycle carries the root's, on every node), None without a root.
         root_step: The root rank's last step, None if unknown.
+        root_before_first_step: The root raised its own exception before its first step
+            (:func:`launcher.crash_loop.failed_before_first_step`).
     """
 
     cycle: int
@@ -72,6 +74,7 @@ class FailureRecord:
     explanation: str = ""
     fingerprint: Fingerprint | None = None
     root_step: int | None = None
+    root_before_first_step: bool = False
 
 
 class ProcessFailureLike(Protocol):
@@ -176,9 +179,11 @@ def failure_records(
     collateral = [s for s in everyone if root is None or not s.same_rank(root)]
     cycle_fingerprint = fingerprint(root) if root is not None else None
     root_step = root.progress.step if root is not None and root.progress is not None else None
+    before_first_step = root is not None and failed_before_first_step(root)
     for record, state in zip(records, states, strict=True):
         _explain(record, state, root, collateral, evidence)
         record.fingerprint, record.root_step = cycle_fingerprint, root_step
+        record.root_before_first_step = before_first_step
     records.sort(key=lambda r: (r.role != ROOT, r.kind == KIND_TERMINATED, r.kind != KIND_HANG,
                                 r.detected_at, r.local_rank))
     return records

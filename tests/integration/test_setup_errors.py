@@ -16,6 +16,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import pytest
+
+from launcher.exit_codes import EXIT_REPEATED_FAILURE
 from tests.launcher_util import events_of, read_events, run_launcher
 from tests.workers.autoresume_common import (
     FT_LAUNCHER,
@@ -71,6 +74,43 @@ def test_a_config_error_in_the_loop_integration_stops_the_job(tmp_path):
     assert requests and all(r["action"] == "ShutdownWorkload" for r in requests)
     description = requests[0]["description"]
     assert description.startswith("ConfigError: ft_core.client.integration: "), description
+
+
+DEVICES_SCRIPT = """
+import lightning.pytorch as pl
+from lightning.pytorch.demos.boring_classes import BoringModel
+from ptl_resiliency import FaultToleranceCallback
+
+# devices=2 while ft_launcher runs one worker (no --nproc-per-node): Lightning refuses in every
+# rank before the first step, the same way after every restart.
+trainer = pl.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_steps=2, logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False,
+                     callbacks=[FaultToleranceCallback(autoresume=False, calculate_timeouts=False)])
+trainer.fit(BoringModel())
+"""
+
+
+@pytest.mark.timeout(300)
+def test_the_same_setup_error_in_consecutive_cycles_stops_as_a_crash_loop(tmp_path):
+    # Issue 29 item 3: before, every restart failed alike (4 cycles with --max-restarts 3, exit 1).
+    script = tmp_path / "devices.py"
+    script.write_text(DEVICES_SCRIPT)
+    events = tmp_path / "events.jsonl"
+    out = run_launcher(["--standalone", "--max-restarts", "3", "--monitor-interval", "0.1",
+                        "--ft-event-log", str(events), str(script)], timeout=240)
+    assert out.returncode == EXIT_REPEATED_FAILURE, out.stderr[-4000:]
+    records = read_events(events)
+    assert len(events_of(records, "cycle_start")) == 2  # the guard's cycle count, not --max-restarts
+    roots = [e for e in events_of(records, "failure") if e["role"] == "root"]
+    assert [e["cycle"] for e in roots] == [0, 1] and len({e["fingerprint"] for e in roots}) == 1
+    assert all(e.get("root_step") is None for e in roots)  # no step made: none recorded
+    assert events_of(records, "result")[-1]["outcome"] == "repeated_failure"
+    lines = [line for line in out.stderr.splitlines() if line.startswith("[ft_launcher] ")]
+    stop = next(line for line in lines if "ended cycles 0, 1 before the first step" in line)
+    assert "ValueError: You set `devices=N`" in stop and "not restarting" in stop, stop
+    [summary] = [line for line in lines if line.startswith("[ft_launcher] summary:")]
+    assert "ValueError: You set `devices=2` and `num_nodes=1`" in summary, summary
+    assert summary.endswith(f"result: repeated_failure (exit code {EXIT_REPEATED_FAILURE})"), summary
 
 
 def test_autoresume_stops_after_one_attempt_on_a_missing_script(tmp_path):

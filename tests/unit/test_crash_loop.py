@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import pytest
 
+from ft_core.wire.messages import Progress
 from launcher import culprit
-from launcher.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint, fingerprint, normalise
+from launcher.crash_loop import (
+    CrashLoopGuard,
+    CycleFailure,
+    Fingerprint,
+    failed_before_first_step,
+    fingerprint,
+    normalise,
+)
 from launcher.culprit import RankState
 
 USER = "/home/me/train.py"
@@ -84,6 +92,64 @@ def test_guard_table(failures: list[tuple[Fingerprint, int | None]], max_cycles:
     verdicts = [guard.on_failure(CycleFailure(cycle, fp, step)) for cycle, (fp, step) in enumerate(failures)]
     stopped = [i for i, v in enumerate(verdicts) if v.stop]
     assert (stopped[0] if stopped else None) == stops_at
+
+
+SETUP = Fingerprint("crash", "exit code 1: ValueError: You set `devices=N` ... world size (N).", None)
+
+
+@pytest.mark.parametrize("failures,max_cycles,stops_at", [
+    # A setup error: the same failure before the first step of every cycle stops like a bug at step 30.
+    ([(SETUP, True), (SETUP, True)], 2, 1),
+    ([(SETUP, True), (SETUP, True), (SETUP, True)], 3, 2),
+    # One cycle got past its first step (its step unknown): not the same loop.
+    ([(SETUP, True), (SETUP, False), (SETUP, True)], 2, None),
+    # Another error in between starts the count again.
+    ([(SETUP, True), (G, True), (SETUP, True)], 2, None),
+    # Off.
+    ([(SETUP, True), (SETUP, True), (SETUP, True)], 0, None),
+])
+def test_the_same_error_before_the_first_step_repeats(failures: list[tuple[Fingerprint, bool]], max_cycles: int,
+                                                      stops_at: int | None) -> None:
+    guard = CrashLoopGuard(max_cycles, 1)
+    verdicts = [guard.on_failure(CycleFailure(cycle, fp, None, before_first_step=before))
+                for cycle, (fp, before) in enumerate(failures)]
+    stopped = [i for i, v in enumerate(verdicts) if v.stop]
+    assert (stopped[0] if stopped else None) == stops_at
+
+
+def test_the_stop_of_a_setup_error_names_it_and_says_before_the_first_step() -> None:
+    guard = CrashLoopGuard(2, 1)
+    guard.on_failure(CycleFailure(0, SETUP, None, before_first_step=True))
+    verdict = guard.on_failure(CycleFailure(1, SETUP, None, before_first_step=True))
+    assert verdict.stop
+    assert "ValueError: You set `devices=N`" in verdict.text
+    assert "ended cycles 0, 1 before the first step of each" in verdict.text and SETUP.digest in verdict.text
+    assert "step None" not in verdict.text and "without progress" not in verdict.text
+
+
+def progress(**fields: object) -> Progress:
+    return Progress(last_progress_at=1.0, **fields)
+
+
+@pytest.mark.parametrize("outcome,cause,prog,expected", [
+    # Raised before it ever connected to its monitor (Lightning's devices check in Trainer.fit).
+    (culprit.CRASH, "exit code 1: ValueError: You set `devices=2`", None, True),
+    # Connected, then raised before any heartbeat or step (a callback's setup).
+    (culprit.CRASH, "exit code 1: FileNotFoundError: data/", progress(heartbeats=0), True),
+    # A step, a heartbeat or a section: it worked; with no step announced the step is unknown.
+    (culprit.CRASH, "exit code 1: ValueError: x", progress(step=0), False),
+    (culprit.CRASH, "exit code 1: ValueError: x", progress(heartbeats=3), False),
+    (culprit.CRASH, "exit code 1: ValueError: x", progress(section_since=1.0, open_section="setup"), False),
+    # Not the rank's own exception: a kill from outside or a bare exit code may be transient.
+    (culprit.CRASH, "signal SIGKILL", None, False),
+    (culprit.CRASH, "exit code 5", None, False),
+    (culprit.HANG, "hang: no initial heartbeat within 60.0 s", progress(), False),
+    (culprit.LOST, "node sent no report", None, False),
+])
+def test_failed_before_first_step(outcome: str, cause: str, prog: Progress | None, expected: bool) -> None:
+    root = RankState(rank=0, local_rank=0, node="n1", group_rank=0, pid=7, outcome=outcome, cause=cause,
+                     progress=prog)
+    assert failed_before_first_step(root) is expected
 
 
 def test_the_stop_says_which_failure_repeated_where_and_in_which_cycles() -> None:
