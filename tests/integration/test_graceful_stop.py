@@ -93,6 +93,12 @@ def test_sigusr1_stops_every_rank_after_the_same_step_with_a_checkpoint_and_the_
     assert checkpoint_step(root / "ckpt" / "last.ckpt") == stop_step
     assert not flag.exists()  # stopped, not finished
     assert f"every rank stops after global step {stop_step}" in out and "graceful stop: SIGUSR1" in out
+    # every rank's stop is recorded with the global step; the result is "stopped", not "succeeded"
+    events = read_events(tmp_path / "events.jsonl")
+    assert sorted((r["rank"], r["step"], r["signal"]) for r in events_of(events, "graceful_stop")) == [
+        (0, stop_step, "SIGUSR1"), (1, stop_step, "SIGUSR1")]
+    assert events_of(events, "result")[0]["outcome"] == (f"stopped: graceful stop after step {stop_step} on "
+                                                         "SIGUSR1, not finished")
 
     # The next run resumes at the stop step and finishes.
     cfg["max_steps"] = stop_step + 4
