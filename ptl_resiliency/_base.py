@@ -55,7 +55,7 @@ from ft_core.wire.env import (
     FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
-from ft_core.wire.errors import RankMonitorClientError
+from ft_core.wire.errors import NotStartedByLauncherError
 from ptl_resiliency._checkpoint_hooks import CheckpointHooks
 from ptl_resiliency._collectives import StrategyCollectives
 from ptl_resiliency._lightning import Callback, TrainerFn, pl
@@ -269,7 +269,7 @@ class _FaultToleranceCallbackBase(Callback):
                 "FaultToleranceCallback (heartbeats) or FaultToleranceSectionsCallback (sections)."
             )
         if not os.environ.get(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR):
-            raise RankMonitorClientError(
+            raise NotStartedByLauncherError(  # uncaught: its message alone, not Lightning's traceback
                 f"{name}: {FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is not set, so this process was not "
                 "started by ft_launcher and has no rank monitor. Start training with "
                 "`ft_launcher [torchrun options] script.py`, or remove the callback."
@@ -384,16 +384,17 @@ class _FaultToleranceCallbackBase(Callback):
         """Update timeouts (a collective) and, on rank 0, persist them if they changed."""
         if not self._update_timeouts(client, final):
             return
-        self._session.save_timeouts()
-        self._log_updated_timeouts(client)
+        saved = self._session.save_timeouts()
+        self._log_updated_timeouts(client, saved)
         self._log_metrics(save=final)
 
-    def _log_updated_timeouts(self, client: RankMonitorClient) -> None:
+    def _log_updated_timeouts(self, client: RankMonitorClient, saved: bool = True) -> None:
         """The reference's line after calculated timeouts were applied and saved.
 
         People grep logs for "Updated FT timeouts"; it stands next to the client's "timeouts in
         force (calculated)" line, which says how each value came about. INFO (rank 0) when the
         timeouts changed significantly since this run's last such line, else DEBUG, like ours.
+        When rank 0 could not save them the line says so (they hold for this run only).
         """
         if self._STATE_PART == PART_SECTIONS:
             snapshot = section_snapshot(client.section_timeouts)
@@ -403,7 +404,11 @@ class _FaultToleranceCallbackBase(Callback):
             text = describe_heartbeat_timeouts(client.hb_timeouts)
         if significant_change(self._updated_logged, snapshot):
             self._updated_logged = snapshot
-            self._log.rank_zero_info("Updated FT timeouts. New values: %s", text)
+            if saved:
+                self._log.rank_zero_info("Updated FT timeouts. New values: %s", text)
+            else:  # the state file's warning said why; the next run starts from the configured ones
+                self._log.rank_zero_info("Updated FT timeouts for this run only (not saved to %s). New values: %s",
+                                         self._session.state_file_path, text)
         else:
             self._log.debug("Updated FT timeouts: no significant change")  # short: every checkpoint, every rank
 

@@ -40,9 +40,12 @@ from ft_core.client.timeout_bounds import (
     InForceLog,
     bound_heartbeat_timeouts,
     bound_section_timeouts,
+    configured_heartbeat_timeouts,
+    configured_section_timeouts,
     describe_heartbeat_timeouts,
     describe_section_timeouts,
     heartbeat_derivations,
+    restored_hint,
     section_derivations,
 )
 from ft_core.client.timeouts_calc import TimeoutsCalc
@@ -50,7 +53,7 @@ from ft_core.wire import protocol
 from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.data import HeartbeatTimeouts, SectionAction, SectionTimeouts, WorkloadControlRequest
 from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
-from ft_core.wire.errors import ProtocolError, RankMonitorClientError, TimeoutsCalcError
+from ft_core.wire.errors import NotStartedByLauncherError, ProtocolError, RankMonitorClientError, TimeoutsCalcError
 from ft_core.wire.progress_slot import (
     OFF_HEARTBEAT_COUNT,
     OFF_LAST_HEARTBEAT,
@@ -108,6 +111,7 @@ class RankMonitorClient:
         self._calc: TimeoutsCalc | None = None
         self._section_offsets: dict[str, int] = {}  # byte offset in the slot, set while initialised
         self._loaded_state: client_state.LoadedState | None = None
+        self._state_source: str | None = None  # where the loaded state came from, for log lines
         self._next_liveness_check = 0.0
         self._first_use_checked = False
         self._log = rank_logger(__name__)
@@ -136,7 +140,7 @@ class RankMonitorClient:
             )
         path = os.environ.get(FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR)
         if not path:
-            raise RankMonitorClientError(
+            raise NotStartedByLauncherError(  # uncaught: its message alone, no traceback
                 f"{FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is not set: this process was not started "
                 "by ft_launcher. Start training with `ft_launcher [torchrun options] script.py`, "
                 "or point the variable at the socket of a running rank monitor."
@@ -148,7 +152,9 @@ class RankMonitorClient:
         # log_level applies to the rank's fault tolerance loggers as it does to the monitors'.
         configure_rank_logging(self.cfg.log_level, "ft_core")
         self._minimums = CalculatedMinimums.from_config(self.cfg)
-        self._in_force = InForceLog(self._log, self._minimums)
+        configured = {"heartbeat": configured_heartbeat_timeouts(self.cfg),
+                      "section": configured_section_timeouts(self.cfg)}
+        self._in_force = InForceLog(self._log, self._minimums, configured)
         sections = handshake.sections
         self._conn = conn
         self._slot = slot = handshake.slot
@@ -173,11 +179,17 @@ class RankMonitorClient:
             state, self._loaded_state = self._loaded_state, None
             raised = self._apply_state(state, report=False)
         self._in_force.baseline(self.hb_timeouts, self.section_timeouts)
+        # A restored calculated timeout replaces a configured one, even one typed on the command
+        # line (the reference's rule): say so where the timeouts in force are listed.
+        hint = f"; {restored_hint(self._state_source)}" if raised and self._state_source is not None else ""
         self._log.rank_zero_info(
-            "%s the rank monitor at %s; heartbeat timeouts in force: %s; section timeouts in force: %s",
+            "%s the rank monitor at %s; heartbeat timeouts in force: %s; section timeouts in force: %s%s",
             "connected to" if handshake.watched else "going on unwatched, without", path,
-            describe_heartbeat_timeouts(self.hb_timeouts, self._minimums, raised.get("heartbeat", {})),
-            describe_section_timeouts(self.section_timeouts, self._minimums, raised.get("section", {})),
+            describe_heartbeat_timeouts(self.hb_timeouts, self._minimums, raised.get("heartbeat", {}),
+                                        configured=configured["heartbeat"]),
+            describe_section_timeouts(self.section_timeouts, self._minimums, raised.get("section", {}),
+                                      configured=configured["section"]),
+            hint,
         )
 
     def shutdown_workload_monitoring(self, *, clean_end: bool = False, stop_step: Optional[int] = None,
@@ -205,9 +217,11 @@ class RankMonitorClient:
                 message.update(stop_step=int(stop_step), stop_signal=str(stop_signal or ""))
                 if isinstance(stop_run_steps, int) and not isinstance(stop_run_steps, bool):
                     message["stop_run_steps"] = int(stop_run_steps)
-        with contextlib.suppress(RankMonitorClientError):
-            self._request(message, quiet=True)
-        self._release()
+        try:
+            with contextlib.suppress(RankMonitorClientError):
+                self._request(message, quiet=True)
+        finally:  # a signal handler's exception in the request (a dying rank) still disconnects
+            self._release()
 
     def _release(self) -> None:
         _live_clients.discard(self)
@@ -533,7 +547,7 @@ class RankMonitorClient:
         sections = self.section_timeouts if self.section_timeouts is not None else SectionTimeouts()
         return client_state.make_state_dict(hb, sections)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, source: Optional[str] = None) -> None:
         """Restore timeouts saved by :meth:`state_dict`, before or after init.
 
         Only calculated timeouts are restored (configured ones come from the config), bounded
@@ -543,6 +557,13 @@ class RankMonitorClient:
         reference's client (``{"current_timeouts": {"heartbeat": ..., "section": ...}}``) is
         read too (see :mod:`ft_core.client.state`).
 
+        Restored calculated timeouts replace the configured ones (as in the reference); the line
+        that lists the timeouts in force names each configured value replaced, and ``source``.
+
+        Args:
+            state: What :meth:`state_dict` returned (in this run or an earlier one).
+            source: Where ``state`` came from (e.g. a state file's path), for log lines.
+
         Raises:
             RankMonitorClientError: The state has the wrong schema (the message names the key).
         """
@@ -550,6 +571,7 @@ class RankMonitorClient:
             loaded = client_state.parse_state_dict(state)
         except ValueError as err:
             raise RankMonitorClientError(f"invalid fault tolerance state: {err}") from None
+        self._state_source = source
         if self.is_initialized:
             self._apply_state(loaded)
         else:
@@ -572,15 +594,19 @@ class RankMonitorClient:
             self.hb_timeouts = hb
             self._send_hb_timeouts()
             if report:
-                self._in_force.heartbeats(hb, raised["heartbeat"], "restored")
+                self._in_force.heartbeats(hb, raised["heartbeat"], self._restored_words())
         sections = client_state.restored_section_timeouts(loaded, self.section_timeouts, self._section_offsets)
         if sections is not None:
             raised["section"] = bound_section_timeouts(sections, self._minimums)
             self.section_timeouts = sections
             self._send_section_timeouts()
             if report:
-                self._in_force.sections(sections, raised["section"], "restored")
+                self._in_force.sections(sections, raised["section"], self._restored_words())
         return raised
+
+    def _restored_words(self) -> str:
+        """``restored`` or ``restored from PATH``, for an in-force line."""
+        return "restored" if self._state_source is None else f"restored from {self._state_source}"
 
     # ------------------------------------------------------------------ workload control
 

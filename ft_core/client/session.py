@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Optional, Union
 
@@ -235,20 +236,27 @@ class FrontEndSession:
         if self.fault is not None:
             self.fault.cancel()
 
-    def save_timeouts(self) -> None:
+    def save_timeouts(self) -> bool:
         """On rank 0, write the client's timeouts to the state file (the other ranks have the same).
 
         The file is written after every update (it follows the merged values); the "saved" line
         is INFO only when the timeouts changed significantly since the last one, else DEBUG.
+
+        Returns:
+            False when this rank (0) had timeouts to save and they were not saved (the state
+            file said why, at set-up or now); True otherwise.
         """
         client, state_file = self.client, self.state_file
         if client is None:
-            return
+            return True
         snapshot = _snapshot(client)
         if self.rank != 0:
             self._saved = snapshot
-        elif state_file is not None and state_file.save(client.state_dict(), significant_change(self._saved, snapshot)):
+        elif state_file is not None:
+            if not state_file.save(client.state_dict(), significant_change(self._saved, snapshot)):
+                return False
             self._saved = snapshot
+        return True
 
     # ------------------------------------------------------------------ tear-down
 
@@ -256,7 +264,11 @@ class FrontEndSession:
         """Release everything the session holds, last acquired first; back to ``IDLE``.
 
         Every release runs even when one before it failed (that one is logged); never raises.
-        Safe to call in any phase and more than once.
+        Safe to call in any phase and more than once. Called while the rank is handling an
+        exception (its run failed: a peer died, a collective broke), a release that fails is a
+        consequence of that failure (e.g. Lightning's SIGTERM handler runs a collective to the
+        dead peer inside it): one DEBUG line, no traceback; the rank's own error says what
+        happened. Otherwise a failed release is an ERROR with its traceback.
 
         Args:
             clean_end: The run completed or stopped gracefully: stop signals that had their
@@ -272,11 +284,16 @@ class FrontEndSession:
         self._stopped = stop if clean_end and stop is not None and stop.stop_step is not None else None
         releases, self._releases = self._releases, []
         self.phase = SessionPhase.IDLE
+        unwinding = sys.exc_info()[1] is not None  # an error is ending the run
         for name, release in reversed(releases):
             try:
                 release()
-            except Exception:  # the next releases (the disconnect last) must still run
-                self.log.exception("fault tolerance: releasing the %s failed", name)
+            except Exception as err:  # the next releases (the disconnect last) must still run
+                if unwinding:
+                    self.log.debug("fault tolerance: releasing the %s after the run's error failed too: %s",
+                                   name, _first_line(err))
+                else:
+                    self.log.exception("fault tolerance: releasing the %s failed", name)
 
     @contextlib.contextmanager
     def opening(self) -> Iterator[FrontEndSession]:
@@ -328,6 +345,12 @@ class FrontEndSession:
         stop, self.graceful_stop = self.graceful_stop, None
         if stop is not None:
             stop.uninstall(absorb=self._clean_end)
+
+
+def _first_line(err: BaseException, limit: int = 200) -> str:
+    """``Type: message`` of ``err``, its message's first line, at most ``limit`` characters."""
+    text = f"{type(err).__name__}: {str(err).strip().partition(chr(10))[0]}"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def session_attribute(name: str, doc: str) -> Any:

@@ -18,6 +18,10 @@ starts with those timeouts. One module for every front end:
   itself is atomic (:mod:`ft_core.wire.atomic`). Where the filesystem cannot lock, the file is
   written without the lock, with a warning. A file that cannot be written is an ERROR line;
   the run goes on with its timeouts.
+* **Unusable location**: a directory that is a file, lies under a file, or cannot be written is
+  found at set-up, when rank 0 would read the file: one WARNING names what is wrong and how to fix
+  it; the file is then neither read nor written (no second warning, no error at every save), and
+  the run goes on with the timeouts it calculates, for itself only.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ Logger = Union[logging.Logger, logging.LoggerAdapter]
 class StateClient(Protocol):
     """What :meth:`StateFile.restore` needs of a :class:`~ft_core.RankMonitorClient`."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any], *, source: Optional[str] = None) -> None: ...
 
 
 def state_file_path(directory: Union[str, os.PathLike[str]], name: str = STATE_FILE_NAME) -> str:
@@ -82,6 +86,8 @@ class StateFile:
         self.part = part
         self.lock_path = path + ".lock"
         self._log = log if log is not None else logging.getLogger(__name__)
+        self.unusable: Optional[str] = None
+        """Why the file cannot be used, when :meth:`read_agreed` found that at set-up (rank 0)."""
 
     # ------------------------------------------------------------------ reading
 
@@ -98,7 +104,7 @@ class StateFile:
         if state is None:
             return False
         try:
-            client.load_state_dict(state)
+            client.load_state_dict(state, source=self.path)  # the in-force line names the file
         except RankMonitorClientError as err:
             self._log.warning("ignoring fault tolerance state file %s: %s; configured timeouts are used",
                               self.path, err)
@@ -116,8 +122,22 @@ class StateFile:
             ``{"version": ..., part: ...}`` ready for ``load_state_dict``, or None when the file
             is missing, unusable (a WARNING) or has no timeouts of this part.
         """
-        text = self.read_text() if collectives.rank() == 0 else None
+        text = self._read_at_setup() if collectives.rank() == 0 else None
         return self.parse(collectives.broadcast_text(text))
+
+    def _read_at_setup(self) -> Optional[str]:
+        """:meth:`read_text`, after checking that the file's location can be used at all."""
+        self.unusable = unusable_location(self.path)
+        if self.unusable is not None:
+            # Said once, here, as what it is: later saves are skipped instead of failing each time.
+            self._log.warning(
+                "fault tolerance state file %s cannot be used: %s. Calculated timeouts cannot be kept "
+                "between runs: each run starts from the configured timeouts (and uses what it calculates "
+                "itself). Fix: give the front end a writable directory (exp_dir of the Lightning callbacks, "
+                "the checkpoint directory of ft_core.client.integration.setup), or set calculate_timeouts=False",
+                self.path, self.unusable)
+            return None
+        return self.read_text()
 
     def read_text(self) -> Optional[str]:
         """The file's text, or None when it is missing or unusable (then a log line says why)."""
@@ -175,8 +195,14 @@ class StateFile:
             announce: Log the save at INFO (else DEBUG: the timeouts did not change much).
 
         Returns:
-            True if the file was written.
+            True if the file was written (False also when set-up found the file's location unusable
+            and it still is: that was the set-up's warning, and nothing is logged above DEBUG).
         """
+        if self.unusable is not None:
+            self.unusable = unusable_location(self.path)
+            if self.unusable is not None:
+                self._log.debug("calculated timeouts not saved to %s: %s", self.path, self.unusable)
+                return False
         try:
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             with self.locked():
@@ -249,6 +275,46 @@ class StateFile:
             self._log.warning("cannot lock %s (%s); writing %s without the lock", self.lock_path, err, self.path)
             return False
         return True
+
+
+def unusable_location(path: str) -> Optional[str]:
+    """Why a state file at ``path`` could not be written, or None when it can be, as far as
+    permissions and file types tell (a full disk shows only when writing).
+
+    Its directory may be missing (:meth:`StateFile.save` creates it): then the nearest existing
+    ancestor must be a directory this process can write.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    existing = directory
+    while True:
+        try:
+            os.lstat(existing)
+            break
+        except (FileNotFoundError, NotADirectoryError):  # missing, or under a file: look further up
+            pass
+        except PermissionError:
+            return (f"the directory {directory} cannot be reached by this user (uid {os.getuid()}): a "
+                    "directory above it cannot be searched")
+        except OSError as err:
+            return f"{existing}: {err.strerror or err}"
+        parent = os.path.dirname(existing)
+        if parent == existing:
+            break
+        existing = parent
+    if not os.path.isdir(existing):
+        what = "a file" if os.path.isfile(existing) else "not a directory"
+        if existing == directory:
+            return f"{directory} is {what}, not the directory it should be" if what == "a file" else \
+                f"{directory} is not a directory"
+        return f"{existing} is {what}, so the directory {directory} cannot be created"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        if existing == directory:
+            return f"the directory {directory} is not writable by this user (uid {os.getuid()})"
+        return (f"the directory {directory} does not exist and cannot be created: {existing} is not "
+                f"writable by this user (uid {os.getuid()})")
+    return None
 
 
 def _loads(text: str) -> Any:

@@ -7,7 +7,11 @@ client sends it to its monitor it is raised to the minimum of its kind, a config
 ``min_calculated_section_timeout``, ``min_calculated_out_of_section_timeout``), and capped at
 :data:`~ft_core.wire.config.MAX_SECONDS`. The same bounds apply to calculated timeouts restored from a
 state file, which an earlier version or a run with other minimums may have written. Configured
-timeouts are never changed: they are what the user asked for.
+timeouts are never changed by the bounds; but, as in the reference, a calculated timeout replaces
+the configured one it was calculated for (also one typed on the command line): log lines then
+name the configured value it replaces (:func:`describe_heartbeat_timeouts`), and the line that
+lists the timeouts restored from a state file names the file and how to run with the configured
+values instead (:func:`restored_hint`).
 
 Our monitor acts at the deadline (the reference looks every few seconds), so a tight calculated
 timeout really fires: a 2 ms step gives a 10 ms ``step`` timeout with ``safety_factor`` 5, which a
@@ -45,6 +49,9 @@ merge of old and new values moves calculated timeouts a little after every check
 
 Snapshot = dict[str, tuple[Optional[float], bool]]
 """Timeout name -> (seconds or None for no limit, calculated?): what a monitor enforces."""
+
+Configured = Mapping[str, Optional[float]]
+"""Timeout name (as in a :data:`Snapshot`) -> the configured value (None: no limit)."""
 
 
 MINIMUM_FIELDS = {
@@ -241,12 +248,47 @@ def section_snapshot(timeouts: SectionTimeouts) -> Snapshot:
     return snapshot
 
 
+def configured_heartbeat_timeouts(cfg: Any) -> dict[str, Optional[float]]:
+    """The heartbeat timeouts of a config, by the names :func:`heartbeat_snapshot` uses."""
+    return {"initial": cfg.initial_rank_heartbeat_timeout, "subsequent": cfg.rank_heartbeat_timeout}
+
+
+def configured_section_timeouts(cfg: Any) -> dict[str, Optional[float]]:
+    """The section and out-of-section timeouts of a config, by the names :func:`section_snapshot` uses."""
+    configured: dict[str, Optional[float]] = dict(cfg.rank_section_timeouts)
+    configured[OUT_OF_SECTION] = cfg.rank_out_of_section_timeout
+    return configured
+
+
+def restored_hint(source: str) -> str:
+    """What a user reads after calculated timeouts were restored from ``source`` at set-up.
+
+    Calculated timeouts replace configured ones, even those typed on the command line (the
+    reference's rule); the words say where they came from and how to run with the configured
+    values instead.
+    """
+    return (f"calculated timeouts restored from {source} replace the configured ones "
+            "(calculate_timeouts=True); to run with the configured values, set calculate_timeouts=False "
+            "(deleting the file brings them back only until the next calculation)")
+
+
 def _origin(
     calculated: bool, name: str, raised: Mapping[str, float], minimum: Optional[float], minimum_field: str,
-    derivations: Mapping[str, Derivation],
+    derivations: Mapping[str, Derivation], value: Optional[float] = None, configured: Configured = {},  # noqa: B006
 ) -> str:
     if not calculated:
         return "configured"
+    words = _calculated_origin(name, raised, minimum, minimum_field, derivations)
+    if name in configured and configured[name] != value:
+        # The configured value may have been typed on the command line: say that it is not in force.
+        words += f"; replaces the configured {seconds_text(configured[name])}"
+    return words
+
+
+def _calculated_origin(
+    name: str, raised: Mapping[str, float], minimum: Optional[float], minimum_field: str,
+    derivations: Mapping[str, Derivation],
+) -> str:
     derivation = derivations.get(name)
     if name in raised:
         before = raised[name]
@@ -265,6 +307,7 @@ def _origin(
 def describe_heartbeat_timeouts(
     hb: HeartbeatTimeouts, minimums: Optional[CalculatedMinimums] = None, raised: Mapping[str, float] = {},  # noqa: B006  (read only)
     derivations: Mapping[str, Derivation] = {},  # noqa: B006  (read only)
+    configured: Configured = {},  # noqa: B006  (read only)
 ) -> str:
     """The heartbeat timeouts in force, e.g. ``"initial 600 s (configured), between heartbeats
     120 s (calculated 0.05 s, raised to the minimum 120 s of min_calculated_heartbeat_timeout)"``.
@@ -273,6 +316,9 @@ def describe_heartbeat_timeouts(
         raised: What :func:`bound_heartbeat_timeouts` returned, to say which values were raised.
         derivations: ``"initial"`` / ``"subsequent"`` -> how the value was just calculated
             (then the words say what was observed and what was calculated).
+        configured: ``"initial"`` / ``"subsequent"`` -> the configured value (see
+            :func:`configured_heartbeat_timeouts`): a calculated value that differs says which
+            configured value it replaces (``"...; replaces the configured 5.00 s"``).
     """
     if hb.initial is None and hb.subsequent is None:
         return "none (heartbeat checks off)"
@@ -282,7 +328,7 @@ def describe_heartbeat_timeouts(
                                        ("subsequent", "between heartbeats", mins.heartbeat, "heartbeat")):
         value = getattr(hb, name)
         origin = "configured" if value is None else _origin(
-            hb.were_calculated, name, raised, minimum, MINIMUM_FIELDS[kind], derivations)
+            hb.were_calculated, name, raised, minimum, MINIMUM_FIELDS[kind], derivations, value, configured)
         parts.append(f"{label} {seconds_text(value)} ({origin})")
     return ", ".join(parts)
 
@@ -290,6 +336,7 @@ def describe_heartbeat_timeouts(
 def describe_section_timeouts(
     timeouts: SectionTimeouts, minimums: Optional[CalculatedMinimums] = None, raised: Mapping[str, float] = {},  # noqa: B006
     derivations: Mapping[str, Derivation] = {},  # noqa: B006  (read only)
+    configured: Configured = {},  # noqa: B006  (read only)
 ) -> str:
     """The section timeouts in force, e.g. ``"setup 600 s (configured), step 60.0 s (calculated:
     longest observed 0.028 s x safety factor 5 = 0.14 s, raised to the minimum 60.0 s of
@@ -298,6 +345,8 @@ def describe_section_timeouts(
     Args:
         raised: What :func:`bound_section_timeouts` returned.
         derivations: Section name or :data:`OUT_OF_SECTION` -> how the value was just calculated.
+        configured: Section name or :data:`OUT_OF_SECTION` -> the configured value (see
+            :func:`configured_section_timeouts`), named where a calculated value replaces it.
     """
     mins = minimums or CalculatedMinimums()
     if not timeouts.section and timeouts.out_of_section is None:
@@ -307,7 +356,7 @@ def describe_section_timeouts(
         kind = "out_of_section" if name == OUT_OF_SECTION else "section"
         minimum = mins.out_of_section if name == OUT_OF_SECTION else mins.section
         origin = "configured" if value is None else _origin(
-            calculated, name, raised, minimum, MINIMUM_FIELDS[kind], derivations)
+            calculated, name, raised, minimum, MINIMUM_FIELDS[kind], derivations, value, configured)
         parts.append(f"{name} {seconds_text(value)} ({origin})")
     return ", ".join(parts)
 
@@ -338,11 +387,15 @@ class InForceLog:
     Args:
         log: A :class:`~ft_core.client.ranklog.RankLoggerAdapter` (its ``rank_zero_info`` is used).
         minimums: For the "raised to the minimum" words.
+        configured: ``"heartbeat"`` / ``"section"`` -> the configured timeouts of that kind (see
+            :func:`configured_heartbeat_timeouts`), for the "replaces the configured" words.
     """
 
-    def __init__(self, log: Any, minimums: CalculatedMinimums) -> None:
+    def __init__(self, log: Any, minimums: CalculatedMinimums,
+                 configured: Mapping[str, Configured] = {}) -> None:  # noqa: B006  (read only)
         self._log = log
         self._minimums = minimums
+        self._configured = configured
         self._logged: dict[str, Snapshot] = {}
 
     def baseline(self, hb: HeartbeatTimeouts, sections: SectionTimeouts) -> None:
@@ -353,13 +406,15 @@ class InForceLog:
                    derivations: Mapping[str, Derivation] = {}) -> None:  # noqa: B006  (read only)
         """Report the heartbeat timeouts in force after ``why`` (e.g. ``"calculated"``)."""
         self._report("heartbeat", heartbeat_snapshot(hb), why,
-                     describe_heartbeat_timeouts(hb, self._minimums, raised, derivations))
+                     describe_heartbeat_timeouts(hb, self._minimums, raised, derivations,
+                                                 self._configured.get("heartbeat", {})))
 
     def sections(self, timeouts: SectionTimeouts, raised: Mapping[str, float], why: str,
                  derivations: Mapping[str, Derivation] = {}) -> None:  # noqa: B006  (read only)
         """Report the section timeouts in force after ``why``."""
         self._report("section", section_snapshot(timeouts), why,
-                     describe_section_timeouts(timeouts, self._minimums, raised, derivations))
+                     describe_section_timeouts(timeouts, self._minimums, raised, derivations,
+                                               self._configured.get("section", {})))
 
     def _report(self, kind: str, snapshot: Snapshot, why: str, text: str) -> None:
         if significant_change(self._logged.get(kind), snapshot):

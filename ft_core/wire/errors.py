@@ -2,11 +2,57 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Optional
 
 
 class RankMonitorClientError(RuntimeError):
     """The client was misused or could not reach its monitor; the message says how to fix it."""
+
+
+class NotStartedByLauncherError(RankMonitorClientError):
+    """This process was not started by ``ft_launcher``, so it has no rank monitor to connect to.
+
+    A :class:`RankMonitorClientError` (code that catches that catches this too). Its message says
+    how to start the script; a traceback through the user's framework (about 60 lines of
+    Lightning's loops) would only bury it. So creating one installs :func:`message_only_excepthook`:
+    if this error ends the program uncaught, its message alone goes to stderr (exit code 1);
+    every other uncaught exception is shown as before.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        install_message_only_excepthook()
+
+
+def message_only_excepthook(
+    exc_type: type[BaseException], exc: BaseException, tb: Optional[types.TracebackType],
+) -> None:
+    """``sys.excepthook`` that prints a :class:`NotStartedByLauncherError` as its message alone.
+
+    Any other exception goes to the hook that was installed before (Python's default one,
+    normally), unchanged.
+    """
+    if isinstance(exc, NotStartedByLauncherError):
+        sys.stderr.write(f"error: {exc}\n")
+        sys.stderr.flush()
+        return
+    _previous_excepthook(exc_type, exc, tb)
+
+
+_previous_excepthook = sys.__excepthook__
+
+
+def install_message_only_excepthook() -> None:
+    """Make :func:`message_only_excepthook` the process's ``sys.excepthook``, chained to the hook
+    it replaces. Once per process: a hook installed later (which may chain to ours) is kept."""
+    global _previous_excepthook
+    if getattr(install_message_only_excepthook, "done", False):
+        return
+    install_message_only_excepthook.done = True  # type: ignore[attr-defined]
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = message_only_excepthook
 
 
 class TimeoutsCalcError(RuntimeError):

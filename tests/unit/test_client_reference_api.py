@@ -96,7 +96,9 @@ def test_the_in_force_line_says_what_was_observed_calculated_and_applied(
         first, second = lines
         assert first.startswith("section timeouts in force (calculated): step 60.0 s (calculated: longest observed ")
         assert " x safety factor 5 = " in first
-        assert "raised to the minimum 60.0 s of min_calculated_section_timeout)" in first
+        # ... and which configured value it replaces (issue 29.4)
+        assert ("raised to the minimum 60.0 s of min_calculated_section_timeout; replaces the configured 30.0 s)"
+                in first)
         assert "averaged" not in first
         # merged with the value in force, then raised again: the line shows both steps
         # issue 29 item 10: at DEBUG this line came at every checkpoint on every rank, ~500 characters long

@@ -218,8 +218,9 @@ def test_minimums_are_config_fields_and_apply_to_restored_timeouts(
         assert client.section_timeouts.section == {"step": 7.0} and client.section_timeouts.out_of_section == 11.0
         hb_line, section_line = in_force_lines(caplog)[-2:]
         assert "(restored)" in hb_line and "calculated 1.00 s, raised to the minimum 45.0 s" in hb_line
-        assert ("step 7.00 s (calculated 1.00 s, raised to the minimum 7.00 s of min_calculated_section_timeout)"
-                in section_line)
+        # the calculated value replaces the configured one, and says so (issue 29.4)
+        assert ("step 7.00 s (calculated 1.00 s, raised to the minimum 7.00 s of min_calculated_section_timeout; "
+                "replaces the configured 30.0 s)" in section_line)
     finally:
         client.shutdown_workload_monitoring()
 

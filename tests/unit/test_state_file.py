@@ -9,6 +9,7 @@ import os
 import queue
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from ft_core.client.state_file import (
     STATE_FILE_NAME,
     StateFile,
     state_file_path,
+    unusable_location,
 )
 from ft_core.wire.atomic import atomic_write_text
 
@@ -193,3 +195,72 @@ def test_two_processes_updating_different_parts_both_keep_theirs(tmp_path):
     assert writer.wait(timeout=30) == 0
     reader.join(10)
     assert json.loads(Path(sf.path).read_text()) == state(HB, SECTIONS)
+
+
+# ---------------------------------------------------------------------- an unusable location (issue 29.5)
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/sub/deeper"], ids=["is-a-file", "under-a-file"])
+def test_an_unusable_directory_is_one_warning_at_setup_and_saves_are_skipped_quietly(tmp_path, caplog, where):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory\n")
+    sf = StateFile(state_file_path(tmp_path / where), PART_HEARTBEATS, logging.getLogger(LOGGER))
+    with caplog.at_level(logging.DEBUG, logger=LOGGER):
+        assert sf.read_agreed(default_collectives()) is None
+        assert sf.save(state(HB, CONFIGURED_SECTIONS)) is False
+        assert sf.save(state(HB, CONFIGURED_SECTIONS)) is False
+    above_debug = [r for r in caplog.records if r.levelno > logging.DEBUG]
+    assert [r.levelno for r in above_debug] == [logging.WARNING], caplog.text
+    text = above_debug[0].getMessage()
+    assert sf.path in text and f"{blocker} is a file" in text
+    assert "writable directory" in text and "exp_dir" in text  # how to fix it
+    assert blocker.read_text() == "not a directory\n"
+
+
+def test_a_location_that_became_usable_is_saved_again(tmp_path):
+    blocker = tmp_path / "exp"
+    blocker.write_text("in the way\n")
+    sf = state_file(tmp_path, PART_HEARTBEATS)
+    assert sf.read_agreed(default_collectives()) is None and sf.unusable is not None
+    blocker.unlink()
+    assert sf.save(state(HB, CONFIGURED_SECTIONS)) is True
+    assert json.loads(Path(sf.path).read_text())["hb_timeouts"] == HB
+
+
+AS_NOBODY_CHECK = """
+import os, sys
+from ft_core.client.state_file import unusable_location  # before: nobody may not read the interpreter's files
+os.setgid(65534); os.setuid(65534)
+print(unusable_location(sys.argv[1]))
+"""
+
+
+def _unusable_as_another_user(path: str) -> str:
+    """unusable_location(path) as a user who does not own the test's directories."""
+    if os.getuid() != 0:
+        return str(unusable_location(path))
+    out = subprocess.run([sys.executable, "-c", AS_NOBODY_CHECK, path], capture_output=True, text=True,
+                         timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_a_directory_another_user_cannot_write_or_reach_is_named(tmp_path):
+    # Root writes anywhere (mode bits do not apply): the check then runs as nobody. /var/tmp, not the
+    # session's private (0700) TMPDIR, so that nobody can reach the directory and find it read-only.
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as top:
+        os.chmod(top, 0o755)
+        locked = Path(top) / "locked"
+        locked.mkdir()
+        if os.getuid() != 0:
+            locked.chmod(0o555)
+        reason = _unusable_as_another_user(state_file_path(locked))
+        assert reason.startswith(f"the directory {locked} is not writable by this user"), reason
+        reason = _unusable_as_another_user(state_file_path(locked / "new"))  # save would create it
+        assert reason.startswith(f"the directory {locked / 'new'} does not exist and cannot be created"), reason
+        os.chmod(locked, 0o700)
+        if os.getuid() == 0:
+            reason = _unusable_as_another_user(state_file_path(locked / "deeper"))
+            assert reason.startswith(f"the directory {locked / 'deeper'} cannot be reached by this user"), reason
+        os.chmod(locked, 0o755)
+    assert unusable_location(state_file_path(tmp_path / "new" / "dir")) is None  # save creates it
