@@ -127,6 +127,9 @@ def test_a_bad_ft_param_is_a_usage_error_naming_flag_and_value(flag, value, caps
 def test_an_unknown_ft_param_is_a_usage_error(capsys):
     err = launcher_usage_error(["--ft-param-rank_heartbeat_timeot", "5"], capsys)
     assert "unrecognized arguments: --ft-param-rank_heartbeat_timeot" in err
+    assert "(did you mean --ft-param-rank_heartbeat_timeout?)" in err, err  # as for a YAML key (issue 29.12)
+    err = launcher_usage_error(["--ft-param-no_such_thing=5"], capsys)
+    assert "unrecognized arguments: --ft-param-no_such_thing=5\n" in err, err  # nothing close: no guess
 
 
 def test_a_log_level_without_a_name_reaches_a_monitor(run_dir):
@@ -467,3 +470,60 @@ def test_every_option_of_the_reference_help_is_accepted_with_its_meaning():
         for flag in flags:
             assert flag in actions, f"{flag} is not accepted"
             assert actions[flag].dest == ours, (flag, actions[flag].dest, ours)
+
+
+# ---------------------------------------------------------------------- run without ft_launcher (issue 29.12)
+
+NOT_UNDER_LAUNCHER = {
+    "lightning": """
+import sys
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+from ptl_resiliency import FaultToleranceCallback
+Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        callbacks=[FaultToleranceCallback(autoresume=False, calculate_timeouts=True, exp_dir=sys.argv[1])]
+        ).fit(BoringModel())
+""",
+    "integration": """
+import sys
+import ft_core.client.integration as ft
+ft.setup(sys.argv[1], calculate_timeouts=True)
+""",
+}
+
+
+def run_script(source: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """``python script.py DIR`` as a user runs it, with no ft_launcher variable set."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FT_", "TORCHELASTIC_"))}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "exp")], capture_output=True, text=True,
+                          env=env, timeout=120, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("kind", sorted(NOT_UNDER_LAUNCHER))
+def test_a_script_run_without_ft_launcher_prints_the_message_alone(kind, tmp_path):
+    result = run_script(NOT_UNDER_LAUNCHER[kind], tmp_path)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]  # was ~60 lines of Lightning's loops
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and f"{FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR} is not set" in last, last
+    assert "not started by ft_launcher" in last and "ft_launcher [torchrun options] script.py" in last, last
+
+
+def test_other_uncaught_errors_keep_their_traceback(tmp_path):
+    # The hook is installed once the not-under-ft_launcher error was created (here: caught); every
+    # other exception, a RankMonitorClientError too, is shown by the hook that was there before.
+    result = run_script("""
+from ft_core import RankMonitorClient, RankMonitorClientError
+try:
+    RankMonitorClient().init_workload_monitoring()
+except RankMonitorClientError as err:
+    print("caught:", type(err).__name__)
+raise RankMonitorClientError("something else went wrong")
+""", tmp_path)
+    assert result.returncode == 1 and "caught: NotStartedByLauncherError" in result.stdout, result.stderr
+    assert "Traceback (most recent call last)" in result.stderr, result.stderr
+    assert result.stderr.strip().splitlines()[-1] == \
+        "ft_core.wire.errors.RankMonitorClientError: something else went wrong", result.stderr

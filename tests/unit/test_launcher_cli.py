@@ -104,6 +104,11 @@ INVALID_VALUES = [
     (["--ft-param-rank_termination_signal", "SIGFOO"], ["rank_termination_signal", "SIGFOO"]),
     (["--ft-cfg-path", "/nonexistent/ft.yaml"], ["/nonexistent/ft.yaml"]),
     (["--ft-param-no_such_field", "1"], ["unrecognized arguments", "--ft-param-no_such_field"]),
+    # a typo gets the YAML file's "did you mean", spelled as typed (issue 29.12)
+    (["--ft-param-rank_heartbeat_timout=5"], ["unrecognized arguments: --ft-param-rank_heartbeat_timout=5 "
+                                              "(did you mean --ft-param-rank_heartbeat_timeout?)"]),
+    (["--ft-rank-heartbeat-timout", "5"], ["--ft-rank-heartbeat-timout (did you mean --ft-rank-heartbeat-timeout?)"]),
+    (["--nproc-per-nod=1"], ["--nproc-per-nod=1 (did you mean --nproc-per-node?)"]),
     (["--term-timeout", "-1"], ["--term-timeout", "-1"]),
     (["--term-timeout", "nan"], ["--term-timeout", "nan"]),
     (["--term-timeout", "inf"], ["--term-timeout", "inf"]),
