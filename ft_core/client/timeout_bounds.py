@@ -281,7 +281,8 @@ def _origin(
     words = _calculated_origin(name, raised, minimum, minimum_field, derivations)
     if name in configured and configured[name] != value:
         # The configured value may have been typed on the command line: say that it is not in force.
-        words += f"; replaces the configured {seconds_text(configured[name])}"
+        before = configured[name]
+        words += f"; replaces the configured {'null (no limit)' if before is None else seconds_text(before)}"
     return words
 
 
