@@ -197,7 +197,8 @@ class EventLog:
 
         Failures are counted as incidents: one per failed cycle of this node, named by its root
         (a freeze and the ranks that stopped waiting for it are one incident). A run without
-        failures shows no failure statistics.
+        failures shows no failure statistics; the time from failure detection to restarted
+        workers only when a cycle started after a failure (none with ``--max-restarts 0``).
         """
         cycles = [r for r in self.history if isinstance(r, CycleStart)]
         failures = [r for r in self.history if isinstance(r, Failure)]
@@ -208,7 +209,9 @@ class EventLog:
         collateral = sum(1 for r in failures if r.effective_role == COLLATERAL)
         escalated = sum(1 for r in self.history if isinstance(r, RankEscalated))
         by_kind = collections.Counter(incidents.values())
-        lost = sum(r.since_failure_s or 0.0 for r in cycles)
+        # Only cycles that followed a failure count: with --max-restarts 0 (or a stop) nothing restarted.
+        restarted = [r for r in cycles if r.since_failure_s is not None]
+        lost = sum(r.since_failure_s or 0.0 for r in restarted)
         result = next((r for r in reversed(self.history) if isinstance(r, Result)), None)
         parts = [f"{len(cycles)} {'cycle' if len(cycles) == 1 else 'cycles'}"]
         if incidents:
@@ -218,7 +221,8 @@ class EventLog:
                 parts.append(f"{collateral} {'rank' if collateral == 1 else 'ranks'} stopped as collateral")
             if escalated:
                 parts.append(f"{escalated} hung {'rank' if escalated == 1 else 'ranks'} needed SIGKILL")
-            parts.append(f"{lost:.1f} s from failure detection to restarted workers")
+            if restarted:
+                parts.append(f"{lost:.1f} s from failure detection to restarted workers")
         if result is not None:
             parts.append(f"result: {result.outcome} (exit code {result.exit_code})")
         text = "[ft_launcher] summary: " + "; ".join(parts)

@@ -22,6 +22,7 @@ from ft_core.wire.stacks import innermost_user_frame
 from launcher import culprit
 from launcher.crash_loop import Fingerprint, failed_before_first_step, fingerprint
 from launcher.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
+from launcher.unwinding import caller_frame, ending_reason, is_own_frame
 
 KIND_HANG = "hang"
 KIND_EXIT = "exit"
@@ -266,10 +267,18 @@ def _explain(record: FailureRecord, state: RankState, root: RankState | None, co
         record.role = COLLATERAL
         waiting = culprit.waiting_for(root, evidence.node, evidence.group_rank)
         frames = record.detail.get("stack_frames") or []
-        user = record.detail.get("user_frame")
         where = ""
-        if frames:
-            where = f", blocked at {frames[0]}" + (f" (called from {user})" if user and user != frames[0] else "")
+        ending = ending_reason(frames)
+        if ending is not None:
+            # Its stack was taken while it unwound (printing its traceback, exiting): the
+            # innermost frame is not where it waited.
+            where = f" (already {ending} when its stack was taken)"
+        elif frames:
+            # Never a frame of ours as where it waited or as the user's caller.
+            blocked = next((f for f in frames if not is_own_frame(f)), None)
+            user = caller_frame(frames)
+            if blocked is not None:
+                where = f", blocked at {blocked}" + (f" (called from {user})" if user and user != blocked else "")
         record.explanation = f"stopped waiting for {waiting}{where}"
         if root is not None:
             record.detail.update(root_rank=root.rank, root_node=root.node or None, root_group_rank=root.group_rank,

@@ -27,6 +27,10 @@ import logging
 import os
 from typing import Any, Optional, Union
 
+# torch's error-file writer, which on_exception uses: imported now, not while a failed rank ends
+# (under the launcher's SIGTERM grace; a stack taken then showed the import, not the wait).
+import torch.distributed.elastic.multiprocessing.errors  # noqa: F401
+
 from ft_core.client.front_end import require_bool, require_path
 from ft_core.client.graceful_stop import GracefulStopConfig, GracefulStopExit
 from ft_core.client.rank_monitor_client import RankMonitorClient

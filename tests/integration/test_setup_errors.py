@@ -143,3 +143,25 @@ def test_the_setup_error_helpers_never_raise_without_a_launcher(monkeypatch):
     assert stop_job_for_setup_error(ConfigError("x"), log) is False
     assert stop_job_for_setup_error(ValueError("x"), log) is False
     assert record_error_for_launcher(ValueError("x"), log) is False
+
+
+def test_an_interrupted_recording_of_the_error_is_one_quiet_line(monkeypatch, tmp_path, caplog):
+    # Issue 29 item 7: the survivor of a killed peer records its gloo error for the launcher when
+    # the launcher's SIGTERM comes; Lightning's SIGTERM handler raises inside the recording. That
+    # was a WARNING with the whole gloo message; now one DEBUG line.
+    import logging
+
+    from ft_core.client.run_errors import record_error_for_launcher
+
+    class Interrupted(RuntimeError):
+        def __str__(self) -> str:  # torch formats the exception: the handler fires there
+            raise RuntimeError("Connection closed by peer [127.0.0.1]:54485.\nCheck the logs")
+
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    log = logging.getLogger("tests.record_error")
+    with caplog.at_level(logging.DEBUG, logger="tests.record_error"):
+        assert record_error_for_launcher(Interrupted(), log) is False
+    [record] = caplog.records
+    assert record.levelno == logging.DEBUG and record.exc_info is None
+    assert record.getMessage() == ("fault tolerance: recording Interrupted for the launcher was interrupted: "
+                                   "RuntimeError: Connection closed by peer [127.0.0.1]:54485.")

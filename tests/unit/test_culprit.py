@@ -248,6 +248,21 @@ def test_the_summary_counts_incidents_not_lines():
                     "result: succeeded (exit code 0)")
 
 
+def test_a_failure_that_was_not_restarted_claims_no_restart_time():
+    # --max-restarts 0: one cycle, one crash, no restart; the summary used to say
+    # "0.0 s from failure detection to restarted workers" (issue 29 item 7).
+    crash = failure_records({0: failure(0, -15), 1: failure(1, -9)}, local_ranks={0: 0, 1: 1}, hangs={},
+                            stopped_by_us={1000}, cycle=0, now=T + 9, evidence=Evidence(node="n", group_rank=0))
+    log = EventLog(None, node="n", stream=io.StringIO())
+    log.record_event(CycleStart(cycle=0, since_failure_s=None))
+    for record in crash:
+        log.failure(record, "no restarts left (--max-restarts=0); stopping")
+    log.record_event(Result(outcome="failed", exit_code=1))
+    text = log.summary()
+    assert text == ("[ft_launcher] summary: 1 cycle; 1 incident: 1 × crash (signal SIGKILL); "
+                    "1 rank stopped as collateral; result: failed (exit code 1)")
+
+
 def test_nodes_on_one_host_are_told_apart_by_their_node_rank():
     root = RankState(rank=1, local_rank=0, node="vm", group_rank=1, pid=1, outcome=HANG, cause="hang")
     assert waiting_for(root, "vm", 0) == "rank 1 on node vm (node rank 1)"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -167,6 +168,38 @@ def test_every_release_runs_even_when_one_fails_and_close_never_raises(monitor, 
     assert order == ["metrics", "broken"]
     assert client is not None and not client.is_initialized  # the disconnect still ran, last
     assert "releasing the hooks failed" in caplog.text and "uninstall failed" in caplog.text
+
+
+def test_the_tear_down_of_a_rank_whose_peer_died_is_quiet(monitor, session, tmp_path, caplog):
+    # Issue 29 item 7: the launcher SIGTERMs the survivor of a killed peer while it closes its
+    # session after the failed collective; Lightning's SIGTERM handler broadcasts to the dead peer
+    # and raises inside our release. That printed "releasing the disconnect failed" with a chained
+    # traceback; now one DEBUG line at most, and the disconnect still runs.
+    def like_lightning(signum, frame):
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer.\nmore")
+
+    def interrupted() -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    open_until_connected(session, tmp_path)
+    client = session.client
+    session.hold("hooks", interrupted)
+    previous = signal.signal(signal.SIGTERM, like_lightning)
+    caplog.clear()  # only the tear-down's lines
+    try:
+        with caplog.at_level(logging.DEBUG, logger=LOGGER):
+            try:
+                raise RuntimeError("Connection reset by peer")  # the failed all-reduce
+            except RuntimeError:
+                session.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert client is not None and not client.is_initialized
+    ours = [r for r in caplog.records if r.name.startswith(LOGGER)]
+    assert all(r.levelno <= logging.DEBUG and r.exc_info is None for r in ours), [r.getMessage() for r in ours]
+    [line] = [r.getMessage() for r in ours if "releasing the hooks" in r.getMessage()]
+    assert "\n" not in line and line.endswith("RuntimeError: [gloo/transport/tcp/pair.cc:537] Read error: "
+                                              "Connection reset by peer."), line
 
 
 def test_a_simulated_fault_is_replaced_by_a_new_one_and_cancelled_by_close(monitor, session, tmp_path):
