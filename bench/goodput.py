@@ -54,7 +54,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, emit, kill_descendants, summarize  # noqa: E402
-from launcher.goodput import Recovery, run_figures  # noqa: E402
+from launcher.events.goodput import Recovery, run_figures  # noqa: E402
 
 TRAIN = REPO / "bench" / "goodput_train.py"
 AUTORESUME = REPO / "scripts" / "autoresume.sh"
@@ -167,7 +167,7 @@ def analyse(run_dir: Path, started: float, ended: float, max_steps: int) -> dict
             "to_first_step_s": round(t - fault["time"], 3),
             "steps_redone": (max(before) if before else 0) - (step - 1),
         })
-    # The arithmetic is ft_report's too (launcher/goodput.py): one definition of the figures.
+    # The arithmetic is ft_report's too (launcher/events/goodput.py): one definition of the figures.
     figures = run_figures(started, ended, useful, [
         Recovery(kind=r["kind"], failed_at=r["fault_time"], recovered_at=r["fault_time"] + r["to_first_step_s"],
                  restarted_at=r["fault_time"] + r["to_process_started_s"]) for r in recoveries],

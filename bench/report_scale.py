@@ -3,7 +3,7 @@
 Writes a synthetic ``ft_events.jsonl`` of about ``--events`` records (100 000 by default, about
 30 MB) as a long job on ``--nodes`` nodes would leave it: per node one launcher, then cycles of
 ``cycle_start``, ``workers_ready``, a ``failure`` (the root on one node, collateral records on
-the others) and a ``restart``, each record built by its class of ``launcher/records.py``. Then
+the others) and a ``restart``, each record built by its class of ``launcher/events/records.py``. Then
 runs ``ft_report LOG`` and ``ft_report LOG --plot FILE.png`` under ``/usr/bin/time -v`` and
 reports each one's wall time, CPU time and peak RSS (the figures of docs/benchmarks.md).
 
@@ -19,9 +19,9 @@ text                    29.2 s    9.5 s    173 MB
 ``--plot``, now         24.0 s    11.6 s   237 MB
 ======================  ========  =======  ============
 
-"Before" is one artist per bar, marker and label (launcher/report.py until issue 21 item 12); now
-the chart is reduced to its pixels (:mod:`launcher.report_plot`). About 7 s of the CPU time is
-reading the records (``launcher.records.read_events``).
+"Before" is one artist per bar, marker and label (launcher/events/report.py until issue 21 item 12); now
+the chart is reduced to its pixels (:mod:`launcher.events.plot`). About 7 s of the CPU time is
+reading the records (``launcher.events.records.read_events``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._util import emit  # noqa: E402
-from launcher.records import CycleStart, Failure, LauncherStart, Restart, Result, WorkersReady  # noqa: E402
+from launcher.events.records import CycleStart, Failure, LauncherStart, Restart, Result, WorkersReady  # noqa: E402
 
 FT_REPORT = Path(sys.executable).parent / "ft_report"
 PER_CYCLE = 4  # records per node and cycle

@@ -6,10 +6,10 @@ Two modes:
 rather than CPU contention. What is real: torch's c10d TCPStore server (in this process, alone:
 its CPU time is the server's), and per node torch's dynamic rendezvous handler built by
 ft_launcher's own code (``launcher.launch_config``: ft_launcher's rendezvous defaults,
-``launcher.rendezvous_poll``'s poll interval, ``launcher.membership``'s proxy), its own store
-client, ``launcher.store_channel.StoreChannel`` (host name, shutdown poll, failure views:
-publish and gather) and ``launcher.store_watchdog.StoreWatchdog``; every store operation is
-counted by ``launcher.store_counter``. What is simulated: the agent's loop (a thread per node
+``launcher.rendezvous.poll``'s poll interval, ``launcher.rendezvous.membership``'s proxy), its own store
+client, ``launcher.rendezvous.store_channel.StoreChannel`` (host name, shutdown poll, failure views:
+publish and gather) and ``launcher.rendezvous.store_watchdog.StoreWatchdog``; every store operation is
+counted by ``launcher.rendezvous.store_counter``. What is simulated: the agent's loop (a thread per node
 that polls ``num_nodes_waiting`` and the shutdown key every 0.1 s, torch's default
 ``--monitor-interval``) and the failure (all nodes fail together, as gloo peers of a killed rank
 do: each publishes a one-rank view, gathers the others', then joins the next round). Nodes are
@@ -17,7 +17,7 @@ threads spread over ``--procs`` processes (each node with its own store connecti
 first round the sim waits until the store answers quickly again (the watchdogs' connections
 are accepted) before it runs the nodes for 3 s and fails them (``--no-settle``: it does not wait).
 ``--backend ft-barrier`` replaces torch's dynamic rendezvous handler with ft_launcher's barrier
-rendezvous (``launcher/barrier_rendezvous.py``, built through torch's registry by the same code);
+rendezvous (``launcher/rendezvous/barrier.py``, built through torch's registry by the same code);
 ``--no-watchdog`` leaves the store watchdogs out (each probe is a new TCP connection to the store).
 
 ``full`` (``--nodes 2 4 8 16``): N real ``ft_launcher`` processes on 127.0.0.1 (``--backend``), one gloo
@@ -72,7 +72,7 @@ RDZV_CONF: dict[str, str] = {}
 """``--rdzv-conf`` of the simulated nodes (``sim --rdzv-conf K=V,...``; ft_launcher's defaults fill the rest)."""
 BACKEND = "c10d"
 """``--rdzv-backend`` of the simulated nodes (``sim --backend``): torch's c10d or ft-barrier
-(``launcher/barrier_rendezvous.py``)."""
+(``launcher/rendezvous/barrier.py``)."""
 SETTLE = True
 """Whether the sim waits for the store to be quiet after the first round before it starts the
 :data:`RUN_SECONDS` (``sim --no-settle``: it does not)."""
@@ -101,10 +101,11 @@ def _sim_node(rank_hint: int, nodes: int, port: int, run_id: str, go: Any, fail:
               results: Any, joined: threading.Barrier, failing: threading.Barrier, done: threading.Barrier,
               snaps: list) -> None:
     """One simulated node: ft_launcher's rendezvous handler, channel and watchdog; no workers."""
-    from launcher import membership, rendezvous_poll, store_counter
     from launcher.launch_config import apply_rendezvous_defaults, create_rendezvous_handler, pop_poll_interval
-    from launcher.store_channel import StoreChannel
-    from launcher.store_watchdog import StoreWatchdog
+    from launcher.rendezvous import membership, store_counter
+    from launcher.rendezvous import poll as rendezvous_poll
+    from launcher.rendezvous.store_channel import StoreChannel
+    from launcher.rendezvous.store_watchdog import StoreWatchdog
 
     # the LaunchConfig fields ft_launcher's rendezvous code reads (a LaunchConfig makes a log directory)
     config = SimpleNamespace(min_nodes=nodes, max_nodes=nodes, rdzv_backend=BACKEND, rdzv_endpoint=f"127.0.0.1:{port}",
@@ -223,7 +224,7 @@ def simulate(nodes: int, procs: int, count: bool = True) -> dict[str, Any]:
 def _drive(nodes: int, procs: int, server: Any, port: int, workers: list, go: Any, fail: Any, fail_at: Any,
            stage: Any, results: Any, snaps_q: Any) -> dict[str, Any]:
     """Start, run and fail the simulated nodes (see :func:`simulate`)."""
-    from launcher import store_counter
+    from launcher.rendezvous import store_counter
 
     _wait_stage(stage, 1, 120, "every simulated node to connect")
     cpu0 = _cpu_self()
@@ -449,7 +450,7 @@ def _leftover_files(run_tmp: Path) -> list[str]:
 def _full_result(nodes: int, tmp: Path, procs: list, timeout: float, started: float,
                  shared_before: set[str]) -> dict[str, Any]:
     from bench._util import descendants
-    from launcher import store_counter
+    from launcher.rendezvous import store_counter
     from tests.launcher_util import read_events
 
     codes: list[int | None] = []
@@ -575,7 +576,8 @@ def _in_sessions(sessions: set[int]) -> list[int]:
 DOC_TITLE = "Store operations at scale (a restart of N nodes, and a model to 10 000)"
 DOC_INTRO = (
     "`bench/scale.py`. Every launcher counts its rendezvous-store operations and bytes per phase when "
-    "`FT_STORE_COUNTS=FILE` is set (`launcher/store_counter.py`: a `torch.distributed.Store` subclass between "
+    "`FT_STORE_COUNTS=FILE` is set (`launcher/rendezvous/store_counter.py`: "
+    "a `torch.distributed.Store` subclass between "
     "torch's rendezvous handler and its TCPStore; phases by key, else by the caller: `rendezvous` = "
     "`next_rendezvous`, `poll` = `num_nodes_waiting`, `keep_alive` = torch's heartbeat thread; bytes = keys and "
     "values).",
@@ -676,7 +678,8 @@ DOC_HISTORY = (
     "",
     "What grew faster than it should: (1) the culprit views, fixed: every node polled every other node's key, "
     "O(N^2) operations per poll; now a count key (`add`) is polled until every view is in, then one "
-    "`multi_get` (`launcher/store_channel.py`; `tests/unit/test_store_channel.py` checks that a node's reads do "
+    "`multi_get` (`launcher/rendezvous/store_channel.py`; "
+    "`tests/unit/test_store_channel.py` checks that a node's reads do "
     "not grow with N): O(N) operations, about 0.6 s of server time at 1 000 nodes, meeting the 2 s goal for the "
     "launcher's own part; the N^2 bytes remain, 33 GB at 10 000, so beyond a few thousand nodes each node must "
     "read a summary, not every view. Still open: "
@@ -686,7 +689,7 @@ DOC_HISTORY = (
     "result) before hundreds of nodes; (3) the shutdown poll and the watchdog grow linearly in total (constant per "
     "node), 50 % of the server at 10 000 nodes.",
     "",
-    "**A barrier rendezvous instead of torch's** (`--rdzv-backend ft-barrier`, `launcher/barrier_rendezvous.py`, "
+    "**A barrier rendezvous instead of torch's** (`--rdzv-backend ft-barrier`, `launcher/rendezvous/barrier.py`, "
     "registered in torch's rendezvous handler registry; docs/multinode.md has the protocol and what it does not do). "
     "First torch's own settings, at 64 simulated nodes with the store watchdogs on: `keep_alive_interval=5,"
     "keep_alive_max_attempt=10`; `=10,=30,poll_interval=1`; `=30,=10,heartbeat_timeout=60` with and without "
@@ -729,7 +732,8 @@ DOC_HISTORY = (
     "stalls), at 16-32 none stalled, at 8 one 5.0 s stall. 5 s is the resolver's default timeout and this "
     "sandbox's reverse DNS fails (TCPStore logs `hostname of the client socket cannot be retrieved`: the server "
     "resolves each client's host name as it accepts it). Now each node's watchdog holds one connection with TCP "
-    "keep-alive (`launcher/store_watchdog.py`): one accepted connection per node per job and no store operation, "
+    "keep-alive (`launcher/rendezvous/store_watchdog.py`): "
+    "one accepted connection per node per job and no store operation, "
     "so `sim --backend ft-barrier --nodes 64` restarts in about 0.2 s with the watchdogs on (the measured table "
     "above runs with them; 23.5 s before). What is left is the accepts themselves: right after the first round "
     "all N watchdogs connect at once, and at 128 nodes the server then stalled about 5 s (the sim's probe of the "

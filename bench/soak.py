@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, emit, kill_descendants  # noqa: E402
-from launcher.records import CycleStart, Failure, read_events  # noqa: E402
+from launcher.events.records import CycleStart, Failure, read_events  # noqa: E402
 
 AUTORESUME = REPO / "scripts" / "autoresume.sh"
 TRAIN = REPO / "bench" / "soak_train.py"

@@ -4,18 +4,18 @@ The agent reuses torch's template (rendezvous, start, monitor, restart, exit bar
 overrides its hooks; each hook calls into a unit that owns one concern:
 
 - ``_rendezvous``: timing; the round's store for the cross-node channel, this node's name in it
-  (:mod:`launcher.store_channel`).
+  (:mod:`launcher.rendezvous.store_channel`).
 - ``_start_workers``: dead or unresponsive monitors replaced, template readiness, monitors told
-  the worker pids, ``cycle_start`` (:mod:`launcher.monitors`, :mod:`launcher.warm.coordinator`).
+  the worker pids, ``cycle_start`` (:mod:`launcher.node.monitors`, :mod:`launcher.warm.coordinator`).
 - ``_setup_local_watchdog``: per-rank environment (monitor / control / template sockets, cycle).
 - ``_monitor_workers``: wait for activity; evidence (progress, stacks) then fast stop of
   survivors; hang causes (a hang fails the cycle whatever the exit status); root and collateral
   across nodes; control requests; ShutdownWorkload from other nodes; restart policy
-  (:mod:`launcher.incident`, :mod:`launcher.failures`, :mod:`launcher.culprit`,
-  :mod:`launcher.restart_policy`, :mod:`launcher.control_server`).
+  (:mod:`launcher.decision.incident`, :mod:`launcher.decision.failures`, :mod:`launcher.decision.culprit`,
+  :mod:`launcher.decision.restart_policy`, :mod:`launcher.node.control_server`).
 - ``_restart_workers``: "another node restarted" record.
 - ``_stop_workers`` / ``_shutdown``: ``--term-timeout`` to the fraction of a second; what workers
-  left behind (:mod:`launcher.processes`).
+  left behind (:mod:`launcher.node.processes`).
 
 What the agent is doing is one explicit phase (:class:`launcher.agent_phase.AgentPhase`: idle,
 starting, running, failed, waiting, succeeded, shutdown, excluded), changed only through
@@ -55,17 +55,28 @@ from ft_core.wire.env import (
     FT_RANK_CONFIG_ENV_VAR,
     FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR,
 )
-from launcher import culprit, node_check, processes, store_counter
 from launcher.agent_phase import AgentPhase
 from launcher.clean_end import AT_EXIT_SIGNAL, CleanEnds
-from launcher.control_server import ControlServer, ReceivedStragglerReport
-from launcher.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint
-from launcher.culprit import ROOT, LostNode, RankState
-from launcher.events import EventLog
-from launcher.failures import KIND_TERMINATED, Exchanged, FailureRecord, failure_records, group_unhealthy_record
-from launcher.incident import CycleWatch, about_an_earlier_worker
-from launcher.monitors import UNRESPONSIVE, MonitorPool
-from launcher.records import (
+from launcher.decision import culprit
+from launcher.decision.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint
+from launcher.decision.culprit import ROOT, LostNode, RankState
+from launcher.decision.failures import (
+    KIND_TERMINATED,
+    Exchanged,
+    FailureRecord,
+    failure_records,
+    group_unhealthy_record,
+)
+from launcher.decision.incident import CycleWatch, about_an_earlier_worker
+from launcher.decision.restart_policy import (
+    OUTCOME_EXCLUDED,
+    OUTCOME_SHUTDOWN,
+    WAIT,
+    RestartPolicy,
+    outcome_decision,
+)
+from launcher.events.log import EventLog
+from launcher.events.records import (
     AbortedAtExit,
     ControlRequest,
     CycleStart,
@@ -84,14 +95,12 @@ from launcher.records import (
     WorkersReady,
     WorkersSucceeded,
 )
-from launcher.restart_policy import (
-    OUTCOME_EXCLUDED,
-    OUTCOME_SHUTDOWN,
-    WAIT,
-    RestartPolicy,
-    outcome_decision,
-)
-from launcher.store_channel import StoreChannel
+from launcher.node import check as node_check
+from launcher.node import processes
+from launcher.node.control_server import ControlServer, ReceivedStragglerReport
+from launcher.node.monitors import UNRESPONSIVE, MonitorPool
+from launcher.rendezvous import store_counter
+from launcher.rendezvous.store_channel import StoreChannel
 from launcher.torch_compat import agent_shutdown_kwargs, torch_shutdown_kwargs
 from launcher.warm.cold import StartCoordinator
 
@@ -138,7 +147,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             launcher re-asserts its signal handlers there, since torch installs its own).
         stop_signal_delivered: ``f(sig)``: True when the launcher is stopping because of
             ``sig`` and the workers got it themselves (a job-wide signal); the stop then does
-            not send it again (see :mod:`launcher.signals`).
+            not send it again (see :mod:`launcher.node.signals`).
         starts: How workers start: the node's warm template coordinator (workers forked from
             the template, see :mod:`launcher.warm.coordinator`) or ``ColdStart`` (as torchrun).
         workers_stop_timeout: ``--workers-stop-timeout``: after a worker failed, seconds from
@@ -249,7 +258,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         Thread-safe (the launcher's signal dispatcher calls it). Workers that got it themselves
         (``job_wide``) get nothing; ranks without a worker ready for it when it was received
         (``received_at``, monotonic), a worker a restart started since included, get it queued
-        (see :meth:`launcher.processes.WorkerProcesses.route`).
+        (see :meth:`launcher.node.processes.WorkerProcesses.route`).
         """
         sent, queued = self._workers.route(sig, job_wide, received_at)
         self._events.record_event(SignalReceived(cycle=self.cycle, signal=sig.name, job_wide=job_wide,
@@ -304,12 +313,12 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._rendezvous_s = time.monotonic() - started
         self._channel.attach(self._store)  # this round's store (torch sets it in _rendezvous)
         if (worker_group.group_world_size or 1) > 1 and worker_group.group_rank is not None:
-            # names this node if it later sends no view of a failure (rule 4 of launcher.culprit)
+            # names this node if it later sends no view of a failure (rule 4 of launcher.decision.culprit)
             self._channel.publish_member(worker_group.group_rank, self._events.node)
         store_counter.mark(self.cycle + 1)  # the store operations until this round (FT_STORE_COUNTS)
 
     def _check_node(self) -> None:
-        """The node check before a rendezvous (:mod:`launcher.node_check`).
+        """The node check before a rendezvous (:mod:`launcher.node.check`).
 
         Raises:
             node_check.NodeCheckFailed: A check failed: this node does not join (torch's ``run``
@@ -701,7 +710,7 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     def _publish_leaving(self, worker_group: WorkerGroup) -> None:
         """Before this node kills its workers to leave: publish them as this node's view of the
-        failure its peers are about to see (rule 0 of :mod:`launcher.culprit`), so that the peers
+        failure its peers are about to see (rule 0 of :mod:`launcher.decision.culprit`), so that the peers
         name this node's leaving as the root, not their own ranks whose collectives fail, and do
         not wait for a view from a node that is gone."""
         if (worker_group.group_world_size or 1) <= 1 or not self._channel.attached:
@@ -805,7 +814,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         torch calls this from its ``run`` with our ``--term-timeout`` (as ``shutdown_timeout``),
         also after a signal to the launcher (``death_sig`` is that signal), and we call it from
         :meth:`_stop_workers`. torch's own stop path takes whole seconds, so the wait itself is
-        ours (:meth:`launcher.processes.WorkerProcesses.terminate`, exact to the fraction);
+        ours (:meth:`launcher.node.processes.WorkerProcesses.terminate`, exact to the fraction);
         torch's ``_shutdown`` then finds the workers gone and only releases its resources (given
         the timeout rounded up, in case a worker started after our pid list). When the workers
         got ``death_sig`` themselves (sent to the whole job), it is not sent again: they only get
@@ -862,6 +871,6 @@ def _score_text(score: float | None) -> str:
 
 
 def _live_group_ranks(worker_group: WorkerGroup) -> frozenset[int] | None:
-    """The round's nodes whose launcher is alive, from the membership proxy (:mod:`launcher.membership`)."""
+    """The round's nodes whose launcher is alive, from the membership proxy (:mod:`launcher.rendezvous.membership`)."""
     live = getattr(worker_group.spec.rdzv_handler, "live_group_ranks", None)
     return live() if callable(live) else None

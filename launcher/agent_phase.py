@@ -43,7 +43,7 @@ class AgentPhase(enum.Enum):
     """An ExcludeThisNode request: this node's workers stop, the others go on, exit 65."""
     REPEATED = "repeated"
     """The same failure ended ``max_no_progress_cycles`` cycles without progress
-    (:mod:`launcher.crash_loop`): the workers stop, no restart, exit ``no_restart_exit_code``."""
+    (:mod:`launcher.decision.crash_loop`): the workers stop, no restart, exit ``no_restart_exit_code``."""
 
     def check(self, new: AgentPhase) -> AgentPhase:
         """Return ``new`` if the agent may go from this phase to it.

@@ -43,7 +43,7 @@ def write_result(path: str, exit_code: int, outcome: str, root_nodes: Sequence[s
         root_nodes: Host names named as the root of the failure that ended the run; names that
             are not plain host names are left out.
         fingerprint: ``(digest, text)`` of the last failed cycle's root failure
-            (:mod:`launcher.crash_loop`), written as ``fingerprint=`` and ``fingerprint_text=``
+            (:mod:`launcher.decision.crash_loop`), written as ``fingerprint=`` and ``fingerprint_text=``
             (one line, printable, at most 200 characters); None: both empty.
     """
     def _one_line(text: str) -> str:

@@ -49,7 +49,7 @@ class CleanEnds:
         """True if the rank's worker ended cleanly and then died of :data:`AT_EXIT_SIGNAL`.
 
         Args:
-            status: The exit status as :func:`launcher.processes.peek_exit_status` or torch
+            status: The exit status as :func:`launcher.node.processes.peek_exit_status` or torch
                 reports it (``-N`` for signal N; under warm restarts the stand-in dies of the
                 worker's signal, so torch sees the same).
         """

@@ -19,7 +19,7 @@ EXIT_SHUTDOWN_REQUESTED = 64
 EXIT_NODE_EXCLUDED = 65
 EXIT_REPEATED_FAILURE = 66
 """The same failure ended ``--ft-max-no-progress-cycles`` cycles in a row without progress, or
-before the first step (``launcher/crash_loop.py``); ``--ft-no-restart-exit-code`` may choose another code."""
+before the first step (``launcher/decision/crash_loop.py``); ``--ft-no-restart-exit-code`` may choose another code."""
 EXIT_SIGNAL_BASE = 128
 """A forced stop by signal N (the third stop signal): the launcher exits ``EXIT_SIGNAL_BASE + N``.
 A graceful stop by signal exits :data:`EXIT_SUCCESS` or :data:`EXIT_FAILURE`."""

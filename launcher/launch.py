@@ -13,7 +13,7 @@ told. The main thread gets there by releasing the stack, newest first; a forced 
 stop signal, or a stop that takes too long) and a lost rendezvous store get there from their own
 thread, at once, and end the process. Whichever takes the end first owns it. Nothing started
 here outlives the launcher: its clean-up (which a second stop signal does not cut short), the
-forced stop, and the sentinel (:mod:`launcher.sentinel`) if the launcher itself is killed.
+forced stop, and the sentinel (:mod:`launcher.node.sentinel`) if the launcher itself is killed.
 """
 
 from __future__ import annotations
@@ -40,13 +40,13 @@ from ft_core.wire import protocol
 from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_LAUNCHER_RUN_ENV_VAR
 from ft_core.wire.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
-from launcher import exit_codes, membership, processes, rendezvous_poll, store_counter
+from launcher import exit_codes
 from launcher.agent import FaultTolerantAgent
 from launcher.agent_phase import AgentPhase
 from launcher.attempt_result import write_result
-from launcher.control_server import ControlServer
-from launcher.environment import RunEnvironment, set_up_environment
-from launcher.events import EventLog
+from launcher.decision.restart_policy import OUTCOME_EXCLUDED, OUTCOME_REPEATED, OUTCOME_SHUTDOWN, RestartPolicy
+from launcher.events.log import EventLog
+from launcher.events.records import GracefulStopped, LauncherStart, MonitorsStarted, Result, StoreLost
 from launcher.launch_config import (
     StartFailed,
     apply_rendezvous_defaults,
@@ -59,13 +59,16 @@ from launcher.launch_config import (
     start_store_watchdog,
     worker_spec,
 )
-from launcher.monitors import MonitorPool
-from launcher.node_check import NodeCheckFailed
+from launcher.node import processes
+from launcher.node.check import NodeCheckFailed
+from launcher.node.control_server import ControlServer
+from launcher.node.environment import RunEnvironment, set_up_environment
+from launcher.node.monitors import MonitorPool
+from launcher.node.sentinel import Sentinel
+from launcher.node.signals import JOB_WIDE_WINDOW, SignalHandling
 from launcher.options import LauncherOptions, UsageError, config_sources
-from launcher.records import GracefulStopped, LauncherStart, MonitorsStarted, Result, StoreLost
-from launcher.restart_policy import OUTCOME_EXCLUDED, OUTCOME_REPEATED, OUTCOME_SHUTDOWN, RestartPolicy
-from launcher.sentinel import Sentinel
-from launcher.signals import JOB_WIDE_WINDOW, SignalHandling
+from launcher.rendezvous import membership, store_counter
+from launcher.rendezvous import poll as rendezvous_poll
 from launcher.warm.cold import ColdStart, StartCoordinator
 from launcher.warm.coordinator import WarmCoordinator, WarmTemplate
 

@@ -31,10 +31,13 @@ from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config,
 
 from ft_core.wire.config import MAX_SECONDS, ConfigError, parse_seconds, parse_seconds_or_off
 from ft_core.wire.config_values import short_repr
-from launcher import barrier_rendezvous, exit_codes, master_port, rendezvous_poll
+from launcher import exit_codes
+from launcher.node.path_checks import directory_problem
 from launcher.options import UsageError, torchrun_default
-from launcher.path_checks import directory_problem
-from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
+from launcher.rendezvous import barrier as barrier_rendezvous
+from launcher.rendezvous import master_port
+from launcher.rendezvous import poll as rendezvous_poll
+from launcher.rendezvous.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
 from launcher.torch_compat import LAUNCH_CONFIG_FIELDS, WORKER_SPEC_FIELDS
 
 logger = logging.getLogger(__name__)
@@ -278,9 +281,9 @@ def apply_rendezvous_defaults(config: Any) -> list[str]:
 
 def pop_poll_interval(config: Any) -> float | None:
     """``--rdzv-conf poll_interval=S`` (ft_launcher's own key, removed before torch sees the
-    settings), else the default for ``--nnodes`` MAX: see :mod:`launcher.rendezvous_poll`.
+    settings), else the default for ``--nnodes`` MAX: see :mod:`launcher.rendezvous.poll`.
     None unless the job is a multi-node c10d one (nothing polls otherwise), or an ft-barrier one
-    with ``poll_interval`` given (its own default is shorter: :mod:`launcher.barrier_rendezvous`).
+    with ``poll_interval`` given (its own default is shorter: :mod:`launcher.rendezvous.barrier`).
 
     Raises:
         StartFailed: An invalid value (a usage error, exit 2).
@@ -298,7 +301,7 @@ def pop_poll_interval(config: Any) -> float | None:
 
 def pop_store_lost_timeout(config: Any) -> float:
     """``--rdzv-conf store_lost_timeout=S`` (ft_launcher's own key, removed before torch sees the
-    settings): see :mod:`launcher.store_watchdog`.
+    settings): see :mod:`launcher.rendezvous.store_watchdog`.
 
     Raises:
         StartFailed: An invalid value (a usage error, exit 2).
@@ -411,7 +414,7 @@ def worker_spec(config: Any, entrypoint: Any, entry_args: list[str], rdzv_handle
 
     ``tests/unit/test_torch_hooks.py`` checks that the fields passed here are the ones
     ``launch_agent`` passes. (``launch_agent`` also sets ``TORCHELASTIC_SIGNALS_TO_HANDLE``:
-    :func:`launcher.environment.set_up_environment` does.)
+    :func:`launcher.node.environment.set_up_environment` does.)
     """
     master_addr, master_port = static_master(config)
     return WorkerSpec(**worker_spec_kwargs(config, entrypoint, entry_args, rdzv_handler, master_addr, master_port))

@@ -34,7 +34,7 @@ from ft_core.wire.env import (
     FT_LAUNCHER_WARM_START_DELAY_ENV_VAR,
 )
 from ft_core.wire.reference_options import REFERENCE_ONLY_OPTIONS
-from launcher.path_checks import file_problem
+from launcher.node.path_checks import file_problem
 from launcher.warm.coordinator import DEFAULT_PRELOAD, START_DELAY
 
 DEFAULT_WORKERS_STOP_TIMEOUT = 2.0
@@ -158,7 +158,7 @@ def _event_log_default(args: argparse.Namespace, environ: Mapping[str, str]) -> 
     path, source = _event_log_choice(args, environ)
     if path.strip().lower() == EVENT_LOG_OFF:
         return None, f"{source} {EVENT_LOG_OFF}" if source.startswith("--") else f"{source}={EVENT_LOG_OFF}"
-    # as launcher.events.EventLog will open it
+    # as launcher.events.log.EventLog will open it
     problem = file_problem(path.replace("{node}", socket.gethostname()))
     if problem and source == SOURCE_DEFAULT:
         return None, f"the default {path} cannot be written: {problem}; --ft-event-log PATH keeps it for ft_report"

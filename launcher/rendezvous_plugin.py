@@ -1,34 +1,9 @@
-"""``ft-barrier`` for plain ``torchrun``: the entry point torch's rendezvous registry loads.
+"""The ``torchrun.handlers`` entry point's path before the move (``launcher.rendezvous_plugin:torchrun_handler``).
 
-torch registers every ``torchrun.handlers`` entry point of the installed packages when
-``torch.distributed.elastic.rendezvous`` is first imported, calling the entry point with no
-arguments to get the handler's creator. With ptl-resiliency installed, ``torchrun --rdzv-backend
-ft-barrier`` therefore works without ``ft_launcher``.
-
-This module imports nothing: it is loaded in the middle of torch's own package import (where
-:mod:`launcher.barrier_rendezvous`, which imports that package, cannot be), and in every process
-of the environment that imports torch's rendezvous. The creator imports the handler only when a
-job asks for ``ft-barrier``. :func:`launcher.barrier_rendezvous.register` registers this same
-creator, since torch's registry refuses a second, different creator for one name.
+Installs made before :mod:`launcher.rendezvous.plugin` existed name this module in their entry
+points; like the new module it imports nothing heavy (torch loads it mid-import).
 """
 
-from __future__ import annotations
+from launcher.rendezvous.plugin import create_ft_barrier_handler, torchrun_handler
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
-
-
-def create_ft_barrier_handler(params: RendezvousParameters) -> RendezvousHandler:
-    """The ``ft-barrier`` handler for ``params`` (see :func:`launcher.barrier_rendezvous.create_handler`)."""
-    from launcher.barrier_rendezvous import create_handler
-
-    return create_handler(params)
-
-
-def torchrun_handler() -> Callable[[Any], RendezvousHandler]:
-    """What the ``torchrun.handlers`` entry point ``ft-barrier`` gives torch's registry: the creator."""
-    return create_ft_barrier_handler
+__all__ = ["create_ft_barrier_handler", "torchrun_handler"]

@@ -415,7 +415,7 @@ def check_data_we_read(src: TorchSource) -> Iterator[str]:
     if "sigval" not in params(signal_exc):
         yield "torch's SignalException no longer takes sigval"
     exported = src.text("torch.distributed")
-    for name in ("DistStoreError", "DistNetworkError", "DistError"):  # launcher.store_channel.STORE_ERRORS
+    for name in ("DistStoreError", "DistNetworkError", "DistError"):  # launcher.rendezvous.store_channel.STORE_ERRORS
         if name not in exported:
             yield f"torch.distributed no longer exports {name}"
     spec_fields = class_fields(src.cls(AGENT_API, "WorkerSpec"))
@@ -441,7 +441,7 @@ def check_environment_variables(src: TorchSource) -> Iterator[str]:
     if has_field:
         return
     # The fixed set stands in for the field (launcher.launch_config.LAUNCH_CONFIG_WITHOUT_FIELD);
-    # it must not hold the signals the launcher relays (launcher.environment.RELAYED_BY_US).
+    # it must not hold the signals the launcher relays (launcher.node.environment.RELAYED_BY_US).
     from launcher.launch_config import LAUNCH_CONFIG_WITHOUT_FIELD
 
     handled = sorted(ast.unparse(c.args[0]).removeprefix("signal.") for c in ast.walk(src.tree(MP_API))
@@ -463,7 +463,7 @@ def check_launch_agent(src: TorchSource) -> Iterator[str]:
     sets_signals = 'os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle' in source
     if sets_signals != reads_signals_to_handle(src):
         yield ("launch_agent no longer sets TORCHELASTIC_SIGNALS_TO_HANDLE as "
-               "launcher.environment.set_up_environment does")
+               "launcher.node.environment.set_up_environment does")
     if "shutdown_rdzv = False" not in source:
         yield "launch_agent now closes the rendezvous after a signal (we keep it open for the other nodes)"
     config_tree = _our_tree("launcher/launch_config.py")
@@ -610,35 +610,35 @@ DYNAMIC_RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
 
 
 def check_rendezvous_poll(src: TorchSource) -> Iterator[str]:
-    """launcher/rendezvous_poll.py wraps the module's ``_delay`` and shortens the one-second poll
+    """launcher/rendezvous/poll.py wraps the module's ``_delay`` and shortens the one-second poll
     of ``_DistributedRendezvousOpExecutor.run``: both must still be there."""
-    from launcher.rendezvous_poll import TORCH_POLL_SECONDS
+    from launcher.rendezvous.poll import TORCH_POLL_SECONDS
 
     tree = src.tree(DYNAMIC_RENDEZVOUS)
     imported = any(isinstance(node, ast.ImportFrom) and any(a.name == "_delay" for a in node.names)
                    for node in tree.body)
     if not imported and not _defines(src, DYNAMIC_RENDEZVOUS, "_delay"):
-        yield f"{DYNAMIC_RENDEZVOUS} no longer has _delay (launcher/rendezvous_poll.py wraps it)"
+        yield f"{DYNAMIC_RENDEZVOUS} no longer has _delay (launcher/rendezvous/poll.py wraps it)"
         return
     run = _methods(src.cls(DYNAMIC_RENDEZVOUS, "_DistributedRendezvousOpExecutor")).get("run")
     if run is None:
-        yield "_DistributedRendezvousOpExecutor has no run method (launcher/rendezvous_poll.py)"
+        yield "_DistributedRendezvousOpExecutor has no run method (launcher/rendezvous/poll.py)"
         return
     polls = [call for call in ast.walk(run) if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
              and call.func.id == "_delay"
              and any(isinstance(k.value, ast.Constant) and k.value.value == TORCH_POLL_SECONDS for k in call.keywords)]
     if not polls:
         yield (f"_DistributedRendezvousOpExecutor.run no longer polls with _delay(seconds={TORCH_POLL_SECONDS}); "
-               "launcher/rendezvous_poll.py has no effect")
+               "launcher/rendezvous/poll.py has no effect")
     handler = src.cls(DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler")
     if "_state_holder" not in self_attributes_assigned(handler):
-        yield "DynamicRendezvousHandler no longer keeps self._state_holder (launcher/rendezvous_poll.py)"
+        yield "DynamicRendezvousHandler no longer keeps self._state_holder (launcher/rendezvous/poll.py)"
     holder = src.cls(DYNAMIC_RENDEZVOUS, "_BackendRendezvousStateHolder")
     sync = _methods(holder).get("sync")
     if "_cache_duration" not in self_attributes_assigned(holder) or sync is None or "self._cache_duration" not in \
             src.segment(DYNAMIC_RENDEZVOUS, sync):
         yield ("_BackendRendezvousStateHolder no longer serves its cached state for self._cache_duration "
-               "(launcher/rendezvous_poll.py sets it)")
+               "(launcher/rendezvous/poll.py sets it)")
 
 
 MEMBERSHIP_HANDLER_ATTRIBUTES = {
@@ -646,59 +646,60 @@ MEMBERSHIP_HANDLER_ATTRIBUTES = {
     "_settings": "settings.min_nodes / max_nodes: whether a new node may join the round now",
     "_heartbeat_lock": "held while the state is read (torch holds it while it syncs the state)",
 }
-"""Private attributes of torch's ``DynamicRendezvousHandler`` that launcher/membership.py reads."""
+"""Private attributes of torch's ``DynamicRendezvousHandler`` that launcher/rendezvous/membership.py reads."""
 
 
 def check_membership(src: TorchSource) -> Iterator[str]:
-    """launcher/membership.py reads the dynamic rendezvous state to decide which waiting nodes
+    """launcher/rendezvous/membership.py reads the dynamic rendezvous state to decide which waiting nodes
     count: the handler's private attributes, the state's participants and wait list, the
     settings' min_nodes and max_nodes, and torch's own count must still be the wait list's size."""
     handler = src.cls(DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler")
     assigned = self_attributes_assigned(handler)
     for name, why in MEMBERSHIP_HANDLER_ATTRIBUTES.items():
         if name not in assigned:
-            yield f"DynamicRendezvousHandler no longer keeps self.{name} (launcher/membership.py: {why})"
+            yield f"DynamicRendezvousHandler no longer keeps self.{name} (launcher/rendezvous/membership.py: {why})"
     methods = _methods(handler)
     for name in ("next_rendezvous", "num_nodes_waiting"):
         if name not in methods:
-            yield f"DynamicRendezvousHandler has no {name} (launcher/membership.py wraps it)"
+            yield f"DynamicRendezvousHandler has no {name} (launcher/rendezvous/membership.py wraps it)"
     waiting = methods.get("num_nodes_waiting")
     if waiting is not None and "state.wait_list" not in src.segment(DYNAMIC_RENDEZVOUS, waiting):
         yield ("DynamicRendezvousHandler.num_nodes_waiting no longer counts state.wait_list "
-               "(launcher/membership.py refines that count)")
+               "(launcher/rendezvous/membership.py refines that count)")
     state_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "_RendezvousState"))
     for name in ("participants", "wait_list"):
         if name not in state_fields:
-            yield f"_RendezvousState has no {name} (launcher/membership.py reads it)"
+            yield f"_RendezvousState has no {name} (launcher/rendezvous/membership.py reads it)"
     settings_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings"))
     for name in ("min_nodes", "max_nodes"):
         if name not in settings_fields:
-            yield f"RendezvousSettings has no {name} (launcher/membership.py reads it)"
+            yield f"RendezvousSettings has no {name} (launcher/rendezvous/membership.py reads it)"
 
 
 C10D_RENDEZVOUS_BACKEND = "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend"
 
 
 def check_store_counter(src: TorchSource) -> Iterator[str]:
-    """launcher/store_counter.py (FT_STORE_COUNTS) swaps the store under torch's dynamic rendezvous:
+    """launcher/rendezvous/store_counter.py (FT_STORE_COUNTS) swaps the store under torch's dynamic rendezvous:
     the handler's ``_store``, the state holder's ``_backend`` and the c10d backend's ``_store``."""
     wanted = ((DYNAMIC_RENDEZVOUS, "DynamicRendezvousHandler", "_store"),
               (DYNAMIC_RENDEZVOUS, "_BackendRendezvousStateHolder", "_backend"),
               (C10D_RENDEZVOUS_BACKEND, "C10dRendezvousBackend", "_store"))
     for module, cls, name in wanted:
         if name not in self_attributes_assigned(src.cls(module, cls)):
-            yield f"{cls} no longer keeps self.{name} (launcher/store_counter.py swaps the store there)"
+            yield f"{cls} no longer keeps self.{name} (launcher/rendezvous/store_counter.py swaps the store there)"
 
 
 def check_master_port(src: TorchSource) -> Iterator[str]:
-    """launcher/master_port.py replaces the ``get_free_port`` name of torch's rendezvous api module,
+    """launcher/rendezvous/master_port.py replaces the ``get_free_port`` name of torch's rendezvous api module,
     which ``RendezvousStoreInfo.build`` calls for the workers' store port of a fresh store."""
     module = "torch.distributed.elastic.rendezvous.api"
     build = next((node for node in ast.walk(src.cls(module, "RendezvousStoreInfo"))
                   if isinstance(node, ast.FunctionDef) and node.name == "build"), None)
     calls = {ast.unparse(c.func) for c in ast.walk(build) if isinstance(c, ast.Call)} if build else set()
     if "get_free_port" not in calls:
-        yield "RendezvousStoreInfo.build no longer calls get_free_port() (launcher/master_port.py replaces it)"
+        yield ("RendezvousStoreInfo.build no longer calls get_free_port() "
+               "(launcher/rendezvous/master_port.py replaces it)")
 
 
 CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (

@@ -44,7 +44,7 @@ trampoline reads it; the forked worker never sees it)."""
 FT_LAUNCHER_RUN_ENV_VAR = "FT_LAUNCHER_RUN"
 """Set by the launcher in its own environment before it starts anything, so that every process
 of the run inherits it (monitors, warm template, workers and whatever they start): a random
-token, by which the launcher's sentinel finds them all if the launcher dies (launcher/sentinel.py)."""
+token, by which the launcher's sentinel finds them all if the launcher dies (launcher/node/sentinel.py)."""
 
 FT_LAUNCHER_PARENT_PID_ENV_VAR = "FT_LAUNCHER_PARENT_PID"
 """Set by ``scripts/autoresume.sh`` to its own pid: the launcher stops (as on SIGTERM) when that

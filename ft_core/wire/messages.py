@@ -3,8 +3,8 @@
 The monitor builds them (:mod:`ft_core.monitor.server`, :mod:`ft_core.monitor.session`) and sends
 ``to_wire()``; the launcher's link decodes what it receives with :func:`decode`
 (:mod:`ft_core.monitor.link`), and from there on a hang report is a :class:`RankHang` through
-:mod:`launcher.monitors`, :mod:`launcher.incident`, :mod:`launcher.failures` and
-:mod:`launcher.culprit` (the agent, :mod:`launcher.agent`, tells the kinds apart with
+:mod:`launcher.node.monitors`, :mod:`launcher.decision.incident`, :mod:`launcher.decision.failures` and
+:mod:`launcher.decision.culprit` (the agent, :mod:`launcher.agent`, tells the kinds apart with
 ``isinstance``). The JSON keys are the ones the protocol always had (see
 :mod:`ft_core.wire.protocol`), plus ``schema`` (:data:`SCHEMA_VERSION`); a reader of an older or
 newer message takes defaults for what it lacks and ignores what it does not know

@@ -1,7 +1,7 @@
 """One codec for the typed dataclasses that cross a process boundary as JSON objects.
 
 The monitor's messages (:mod:`ft_core.wire.messages`) and the launcher's event records
-(:mod:`launcher.records`) are dataclasses written and read by the same class: :func:`to_fields`
+(:mod:`launcher.events.records`) are dataclasses written and read by the same class: :func:`to_fields`
 turns one into a JSON-safe dict (nested typed values as dicts, or merged into the parent when
 their field says ``flatten``), :func:`from_fields` builds one from a dict that an older or newer
 writer may have produced: a missing field or a value of the wrong type takes the field's default,

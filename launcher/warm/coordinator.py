@@ -38,8 +38,8 @@ from typing import Any
 
 from ft_core.wire.env import FT_LAUNCHER_WARM_START_DELAY_ENV_VAR, FT_WARM_TEMPLATE_SOCKET_ENV_VAR
 from ft_core.wire.osutil import signals_blocked
-from launcher.events import EventLog
-from launcher.records import WarmTemplateReady, WarmTemplateReplaced, WarmTemplateStarted
+from launcher.events.log import EventLog
+from launcher.events.records import WarmTemplateReady, WarmTemplateReplaced, WarmTemplateStarted
 from launcher.warm.zygote import PRELOAD_NICENESS
 
 logger = logging.getLogger(__name__)

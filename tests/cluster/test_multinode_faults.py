@@ -261,7 +261,7 @@ def test_long_partition_of_node2_the_others_go_on_without_it(cluster: ClusterRun
     """node2 cut off for 60 s, longer than the timeouts, --nnodes 2:3: node1 and node3 detect the
     stall (heartbeat 3 s), drop node2 from the rendezvous and train on; node2's launcher cannot
     reach the store (watchdog, 10 s) and ends with exit 1, leaving nothing. node1's and node3's
-    records name node2 as the root (it sent no report; rule 4 of launcher.culprit), none of their
+    records name node2 as the root (it sent no report; rule 4 of launcher.decision.culprit), none of their
     own ranks."""
     job = cluster.submit(nodes=3, nnodes="2:3", launcher_args="--max-restarts 3",
                          train_args="--steps 600 --step-time 0.05")

@@ -1,4 +1,4 @@
-"""Two ft_launchers on 127.0.0.1 with ``--rdzv-backend ft-barrier`` (launcher/barrier_rendezvous.py):
+"""Two ft_launchers on 127.0.0.1 with ``--rdzv-backend ft-barrier`` (launcher/rendezvous/barrier.py):
 a worker crashes, every node restarts in the next round and finishes."""
 
 from __future__ import annotations

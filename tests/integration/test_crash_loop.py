@@ -50,7 +50,7 @@ def test_the_same_bug_at_the_same_step_stops_after_two_cycles_with_its_own_exit_
     assert result["exit_code"] == str(EXIT_REPEATED_FAILURE) and result["outcome"] == "repeated_failure"
     assert result["fingerprint"] == roots[1]["fingerprint"]
     # ft_report names it on each root cause
-    report = subprocess.run([sys.executable, "-m", "launcher.report", str(tmp_path / "events.jsonl")],
+    report = subprocess.run([sys.executable, "-m", "launcher.events.report", str(tmp_path / "events.jsonl")],
                             capture_output=True, text=True, timeout=60, check=True).stdout
     assert report.count(f"[fingerprint {roots[0]['fingerprint']}]") == 2, report
 

@@ -357,7 +357,7 @@ def test_no_internal_references_in_user_facing_files():
     texts += [(str(p.relative_to(REPO)), p.read_text()) for p in sorted((REPO / "examples").rglob("*"))
               if p.is_file() and p.suffix in (".py", ".yaml", ".md", ".sh", ".sbatch", "")]
     texts += [(f"{p.relative_to(REPO)} (docstrings)", "\n".join(docstrings(p)))
-              for package in ("ft_core", "launcher", "ptl_resiliency") for p in sorted((REPO / package).glob("*.py"))]
+              for package in ("ft_core", "launcher", "ptl_resiliency") for p in sorted((REPO / package).rglob("*.py"))]
     texts.append(("scripts/autoresume.sh", (REPO / "scripts" / "autoresume.sh").read_text()))
     for name, text in texts:
         found += [f"{name}: {match.group(0)!r}" for match in INTERNAL.finditer(text)]

@@ -5,7 +5,7 @@ Issue 21 item 7: the event log is 0644, and a user who may only read it could ta
 record (and its forced stop's own record blocked on the same lock). Records are now serialised
 by a lock file of their own, ``<log>.lock``: 0600, created by us, never followed through a
 symbolic link, so no other user can open it, let alone lock it; and a writer waits for that lock
-at most :data:`launcher.events.LOCK_WAIT_S`.
+at most :data:`launcher.events.log.LOCK_WAIT_S`.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def test_another_users_lock_on_the_event_log_does_not_block_the_launcher(shared_
 
 WRITE_ONE = """
 import json, sys, time
-from launcher.events import EventLog
-from launcher.records import CycleStart
+from launcher.events.log import EventLog
+from launcher.events.records import CycleStart
 log = EventLog(sys.argv[1], node="n", run_id="r")
 started = time.monotonic()
 log.record_event(CycleStart(cycle=0))
@@ -71,7 +71,7 @@ log.close()
 def test_a_writer_waits_for_our_own_lock_holder_but_only_a_bounded_time(shared_dir: Path) -> None:
     # Another process of ours holds the lock (a launcher stopped in the middle of a write): the
     # writer waits for it, as concurrent writers must, then writes anyway and says so.
-    from launcher.events import LOCK_WAIT_S
+    from launcher.events.log import LOCK_WAIT_S
 
     log = shared_dir / "events.jsonl"
     lock_fd = os.open(str(log) + ".lock", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher import report
+from launcher.events import report
 from tests.launcher_util import (
     HEARTBEAT_ARGS,
     SECTION_ARGS,

@@ -38,7 +38,7 @@ def test_ptl_resiliency_without_lightning_says_how_to_install_it():
 def test_ft_core_and_the_launcher_work_without_lightning():
     code = NO_LIGHTNING + (
         "import ft_core, ft_core.client.integration, ft_core.monitor.server, ft_core.client.run_errors\n"
-        "import launcher.cli, launcher.launch, launcher.agent, launcher.report\n"
+        "import launcher.cli, launcher.launch, launcher.agent, launcher.events.report\n"
         "launcher.cli.get_args_parser().format_help()\n"
         "print('ok', [m for m in sys.modules if m.split('.')[0] in ('lightning', 'pytorch_lightning')"
         " and sys.modules[m] is not None])\n")

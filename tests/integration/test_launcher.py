@@ -158,7 +158,8 @@ def test_result_file_names_this_node_when_its_rank_crashed_the_run(tmp_path):
     )
     assert result.returncode == 1, result.stderr
     written = _result_file(result_path)
-    assert {k: written.pop(k) for k in ("fingerprint", "fingerprint_text")}["fingerprint"]  # launcher/crash_loop.py
+    # the fingerprint: launcher/decision/crash_loop.py
+    assert {k: written.pop(k) for k in ("fingerprint", "fingerprint_text")}["fingerprint"]
     assert written == {"exit_code": "1", "outcome": "failed", "root_nodes": socket.gethostname()}
     # the workers never see the variable
     assert all("FT_LAUNCHER_RESULT_FILE" not in rec["env"] for rec in records(tmp_path).values())
@@ -187,8 +188,8 @@ def test_result_file_in_a_missing_directory_is_a_usage_error(tmp_path):
 def test_each_rounds_store_port_is_below_the_ephemeral_range(tmp_path):
     # A fresh store per round: rank 0's worker binds MASTER_PORT seconds after the launcher chose it.
     # A port from the kernel's ephemeral range could meanwhile become an outgoing connection's local
-    # port (EADDRINUSE, a crash of cycle 0 in CI); launcher/master_port.py picks one below the range.
-    from launcher.master_port import LOWEST_PORT, ephemeral_range
+    # port (EADDRINUSE, a crash of cycle 0 in CI); launcher/rendezvous/master_port.py picks one below the range.
+    from launcher.rendezvous.master_port import LOWEST_PORT, ephemeral_range
 
     script = tmp_path / "print_port.py"
     script.write_text("import os\nprint('MASTER_PORT', os.environ['MASTER_PORT'], flush=True)\n")

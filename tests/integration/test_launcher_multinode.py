@@ -150,7 +150,7 @@ def test_more_waiting_nodes_than_free_slots_do_not_restart_the_workload_forever(
     # participant); b, c and d then join while the round is complete with a free slot, so torch
     # puts them on its wait list. torch's agent restarts whenever that list is not empty, and
     # after a restart the nodes that found no place (at least one of b, c, d) stay on it: without
-    # launcher/membership.py the job restarted about twice a second, forever. Under any-failed one
+    # launcher/rendezvous/membership.py the job restarted about twice a second, forever. Under any-failed one
     # new node fits (one restart takes it in); under min-healthy new nodes are spares (no restart).
     port = free_port()
     args = ["--restart-policy", policy, "--max-restarts", "5"]

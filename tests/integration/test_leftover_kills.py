@@ -1,6 +1,6 @@
 """The leftover-kill never hits a reused pid (issue 21.9).
 
-``launcher.processes.kill_leftovers`` kills the processes in the sessions the workers led (workers
+``launcher.node.processes.kill_leftovers`` kills the processes in the sessions the workers led (workers
 start their own), by the session ids it recorded. Once a worker is reaped its pid is free: a
 process of another user may take it and lead a session of its own with that id. Root's launcher
 must not kill it: a leftover is killed only if, once a pidfd pins it, it still carries the run's
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(60)
 SLEEPER = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
 AS_NOBODY = "import os\nos.setgroups([])\nos.setgid(65534)\nos.setuid(65534)\n"  # nobody cannot run the venv's python
 KILLER = ("import json, sys\n"
-          "from launcher.processes import kill_leftovers\n"
+          "from launcher.node.processes import kill_leftovers\n"
           "print(json.dumps(sorted(kill_leftovers(worker_pids=json.loads(sys.argv[1]), keep=set()))))\n")
 TOKEN = f"{os.getpid()}-leftover-test"
 

@@ -35,7 +35,7 @@ WORKER = str(Path(__file__).resolve().parent.parent / "workers" / "spare_scenari
 # (launchers reach the rendezvous up to 20 s apart on busy cores); it costs nothing when all three
 # come in time (a full round completes at once).
 RDZV_CONF = "join_timeout=90,last_call_timeout=30,keep_alive_interval=2,keep_alive_max_attempt=4,poll_interval=0.25"
-SPARE_LINE = "wait as spare"  # launcher/membership.py's INFO line when waiting nodes restart nothing
+SPARE_LINE = "wait as spare"  # launcher/rendezvous/membership.py's INFO line when waiting nodes restart nothing
 
 
 class Node:

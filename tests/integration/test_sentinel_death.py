@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ft_core.wire.procfs import pid_alive
-from launcher.sentinel import SCRIPT
+from launcher.node.sentinel import SCRIPT
 from tests.launcher_util import live_descendants, signal_whole_job, start_launcher, wait_for
 
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "signal_worker.py")

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.processes import WorkerProcesses
+from launcher.node.processes import WorkerProcesses
 from tests.launcher_util import HEARTBEAT_ARGS, live_descendants, start_launcher, wait_for
 
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "restart_signal_worker.py")

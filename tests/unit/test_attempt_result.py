@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 
 from launcher.attempt_result import check_result_path, write_result
-from launcher.events import EventLog
-from launcher.records import CycleStart, Failure
+from launcher.events.log import EventLog
+from launcher.events.records import CycleStart, Failure
 
 
 def log_with(*cycles: list[dict]) -> EventLog:

@@ -1,4 +1,4 @@
-"""The ft-barrier rendezvous (launcher/barrier_rendezvous.py) over a real TCPStore: nodes are threads,
+"""The ft-barrier rendezvous (launcher/rendezvous/barrier.py) over a real TCPStore: nodes are threads,
 each with its own store connection, as launchers on different machines hold them."""
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from launcher import membership, rendezvous_poll, store_counter
-from launcher.barrier_rendezvous import BACKEND, BarrierRendezvousHandler, register
 from launcher.launch_config import (
     RDZV_DEFAULTS,
     apply_rendezvous_defaults,
     create_rendezvous_handler,
     pop_poll_interval,
 )
+from launcher.rendezvous import membership, store_counter
+from launcher.rendezvous import poll as rendezvous_poll
+from launcher.rendezvous.barrier import BACKEND, BarrierRendezvousHandler, register
 from tests.launcher_util import wait_for
 
 pytestmark = pytest.mark.timeout(60)

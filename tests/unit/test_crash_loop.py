@@ -1,12 +1,12 @@
-"""launcher.crash_loop: fingerprints and the no-progress rule, as tables."""
+"""launcher.decision.crash_loop: fingerprints and the no-progress rule, as tables."""
 
 from __future__ import annotations
 
 import pytest
 
 from ft_core.wire.messages import Progress
-from launcher import culprit
-from launcher.crash_loop import (
+from launcher.decision import culprit
+from launcher.decision.crash_loop import (
     CrashLoopGuard,
     CycleFailure,
     Fingerprint,
@@ -14,7 +14,7 @@ from launcher.crash_loop import (
     fingerprint,
     normalise,
 )
-from launcher.culprit import RankState
+from launcher.decision.culprit import RankState
 
 USER = "/home/me/train.py"
 

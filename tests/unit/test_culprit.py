@@ -1,4 +1,4 @@
-"""Root or collateral: the pure rule (launcher.culprit), the records and lines built from it, the
+"""Root or collateral: the pure rule (launcher.decision.culprit), the records and lines built from it, the
 summary that counts incidents."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ft_core.wire.messages import Progress, ProgressReport, RankHang, StacksCaptured
-from launcher.culprit import (
+from launcher.decision.culprit import (
     COLLATERAL,
     CRASH,
     HANG,
@@ -26,9 +26,9 @@ from launcher.culprit import (
     waiting_for,
     waiting_in_collective,
 )
-from launcher.events import EventLog
-from launcher.failures import Evidence, Exchanged, failure_records
-from launcher.records import CycleStart, Result
+from launcher.decision.failures import Evidence, Exchanged, failure_records
+from launcher.events.log import EventLog
+from launcher.events.records import CycleStart, Result
 
 T = 1_700_000_000.0
 ALL_REDUCE = ("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:3252 all_reduce",
@@ -391,7 +391,7 @@ def test_records_and_lines_of_a_lost_node():
 
 
 def test_a_node_that_left_on_request_is_named_with_its_request_and_its_own_fingerprint():
-    from launcher.crash_loop import fingerprint
+    from launcher.decision.crash_loop import fingerprint
 
     left = RankState(rank=3, local_rank=0, node="b", group_rank=1, pid=7, outcome=LEFT, event_at=T,
                      cause="its node left the job (rank 3 (pid 7) requested ExcludeThisNode: slow)")

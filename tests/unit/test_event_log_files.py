@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher.events import LOCK_SUFFIX, EventLog
+from launcher.events.log import LOCK_SUFFIX, EventLog
+from launcher.events.records import CycleStart
 from launcher.options import UsageError
-from launcher.records import CycleStart
 
 NOBODY = 65534
 

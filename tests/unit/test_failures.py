@@ -15,14 +15,14 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ft_core.monitor.deadlines import HangKind
 from ft_core.wire.messages import RankHang
-from launcher.events import EventLog
-from launcher.failures import (
+from launcher.decision.failures import (
     KIND_UNHEALTHY,
     exit_text,
     failure_records,
     group_unhealthy_record,
     worker_error,
 )
+from launcher.events.log import EventLog
 
 NOW = 1_700_000_000.0
 
@@ -101,7 +101,7 @@ def test_the_event_record_of_a_hang_holds_the_monitors_kind_string(tmp_path):
     # the hang's details follow the common fields (all of them, the null section too)
     hang_keys = ["exit_code", "hang_kind", "section", "elapsed", "timeout", "signal"]
     assert [key for key in written if key in hang_keys] == hang_keys and list(written)[-1] == "schema"
-    # the cycle's fingerprint (launcher.crash_loop) is written with it
+    # the cycle's fingerprint (launcher.decision.crash_loop) is written with it
     assert record.fingerprint is not None and written["fingerprint"] == record.fingerprint.digest
     assert written["fingerprint_text"].startswith("hang: ")
     assert "hang (heartbeat)" in events.summary()

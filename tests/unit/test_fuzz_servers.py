@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from ft_core import FaultToleranceConfig
 from ft_core.monitor.link import MonitorLink
 from ft_core.wire import protocol
-from launcher.control_server import ControlServer
+from launcher.node.control_server import ControlServer
 
 LIVE = settings(max_examples=200, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

@@ -298,8 +298,8 @@ def test_the_stop_is_named_by_the_users_step_and_reported_to_the_launcher_as_che
     # issue 29 item 10/11: the stop line named the run's own count ("step 194 of this run") while
     # the user counts 447; the launcher now records every rank's step and signal.
     from ft_core.monitor.server import _graceful_stop_fields
+    from launcher.events.records import GracefulStopped
     from launcher.launch import graceful_stop_outcome
-    from launcher.records import GracefulStopped
 
     stop = GracefulStop(GracefulStopConfig(check_interval=1.0), clock=Clock())
     stop.install()

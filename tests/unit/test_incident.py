@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ft_core.wire.messages import MonitorLost, RankEscalated, RankHang
-from launcher.incident import about_an_earlier_worker
+from launcher.decision.incident import about_an_earlier_worker
 
 
 def hang(pid: int) -> RankHang:

@@ -1,4 +1,4 @@
-"""The launcher's environment set-up (launcher.environment) and what a usage error leaves behind
+"""The launcher's environment set-up (launcher.node.environment) and what a usage error leaves behind
 (launcher.launch): one function changes the environment, and nothing is left of a run that could
 not start."""
 
@@ -17,7 +17,7 @@ from ft_core.wire.env import (
     FT_LAUNCHER_RUN_ENV_VAR,
 )
 from launcher import get_args_parser
-from launcher.environment import SHARE_STORE_ENV, SIGNALS_TO_HANDLE_ENV, set_up_environment
+from launcher.node.environment import SHARE_STORE_ENV, SIGNALS_TO_HANDLE_ENV, set_up_environment
 from launcher.options import LauncherOptions, UsageError
 
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"

@@ -1,4 +1,4 @@
-"""launcher.master_port: the workers' store port is chosen below the kernel's ephemeral range, so
+"""launcher.rendezvous.master_port: the workers' store port is chosen below the kernel's ephemeral range, so
 that no outgoing connection of the host can take it before rank 0 binds it."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import socket
 
 from torch.distributed.elastic.rendezvous import api
 
-from launcher import launch_config, master_port
+from launcher import launch_config
+from launcher.rendezvous import master_port
 
 
 def test_the_port_is_free_and_below_the_ephemeral_range():

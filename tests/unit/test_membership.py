@@ -1,4 +1,4 @@
-"""launcher/membership.py: which waiting nodes count, on a stand-in for torch's handler's state."""
+"""launcher/rendezvous/membership.py: which waiting nodes count, on a stand-in for torch's handler's state."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from launcher.membership import MembershipHandler
+from launcher.rendezvous.membership import MembershipHandler
 
 
 class FakeHandler:
@@ -71,7 +71,7 @@ def test_under_min_healthy_new_nodes_count_once_the_round_falls_below_the_minimu
     # restart nothing (spares wait, one line per change of the spares); below 2 they count
     fake, proxy = joined({"a", "b", "c"}, 3, "min-healthy", min_nodes=2)
     state = fake._state_holder.state
-    with caplog.at_level(logging.INFO, logger="launcher.membership"):
+    with caplog.at_level(logging.INFO, logger="launcher.rendezvous.membership"):
         del state.participants["b"]
         state.wait_list = {"d"}
         assert proxy.num_nodes_waiting() == 0
@@ -100,7 +100,7 @@ def test_an_unreadable_state_falls_back_to_torchs_count_with_one_warning(caplog)
             return 2
 
     proxy = MembershipHandler(Plain(), "min-healthy")
-    with caplog.at_level(logging.WARNING, logger="launcher.membership"):
+    with caplog.at_level(logging.WARNING, logger="launcher.rendezvous.membership"):
         proxy.next_rendezvous()
         assert proxy.num_nodes_waiting() == 2
         assert proxy.num_nodes_waiting() == 2

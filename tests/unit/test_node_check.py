@@ -1,12 +1,12 @@
-"""launcher.node_check: each check on this machine's real disks and processes."""
+"""launcher.node.check: each check on this machine's real disks and processes."""
 
 from __future__ import annotations
 
 import os
 import time
 
-from launcher import node_check
-from launcher.node_check import NodeCheckSettings, check_command, check_disk, check_gpus, run_checks
+from launcher.node import check as node_check
+from launcher.node.check import NodeCheckSettings, check_command, check_disk, check_gpus, run_checks
 
 
 def test_a_disk_with_room_passes_and_leaves_nothing(tmp_path):

@@ -1,4 +1,4 @@
-"""launcher.processes.terminate_groups: the launcher's one way to stop workers, with real children."""
+"""launcher.node.processes.terminate_groups: the launcher's one way to stop workers, with real children."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from launcher.processes import WorkerProcesses, running_child, terminate_groups, wait_for_any
+from launcher.node.processes import WorkerProcesses, running_child, terminate_groups, wait_for_any
 
 IGNORES_SIGTERM = ("import signal, sys, time\n"
                    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"

@@ -16,7 +16,7 @@ from launcher.launch_config import (
     pop_store_lost_timeout,
     rendezvous_parameters,
 )
-from launcher.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, StoreWatchdog
+from launcher.rendezvous.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, StoreWatchdog
 
 
 def config(backend: str = "c10d", **conf: str) -> SimpleNamespace:
@@ -101,7 +101,7 @@ def test_watchdog_holds_one_connection_and_reconnects_when_the_store_closes_it()
 
 
 def test_the_poll_interval_grows_with_the_node_count_up_to_torchs_second():
-    from launcher.rendezvous_poll import default_poll_interval
+    from launcher.rendezvous.poll import default_poll_interval
 
     assert [default_poll_interval(n) for n in (1, 3, 50, 100, 250, 500, 5000)] == [0.1, 0.1, 0.1, 0.2, 0.5, 1.0, 1.0]
 
@@ -124,7 +124,7 @@ def test_a_bad_poll_interval_is_a_usage_error_naming_the_key(raw):
 def test_the_wrapped_delay_shortens_only_torchs_one_second_poll(monkeypatch):
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
-    from launcher import rendezvous_poll
+    from launcher.rendezvous import poll as rendezvous_poll
 
     asked = []
     # Stands in for torch's sleep, so that the test does not sleep; restored afterwards.
@@ -144,7 +144,7 @@ def test_the_handlers_cached_state_lives_no_longer_than_the_poll_interval():
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    from launcher import rendezvous_poll
+    from launcher.rendezvous import poll as rendezvous_poll
 
     store = dist.HashStore()
     handler = DynamicRendezvousHandler.from_backend(

@@ -16,9 +16,9 @@ import pytest
 
 from ft_core.wire import messages
 from ft_core.wire.typed import MalformedError
-from launcher import records
-from launcher.events import EventLog
-from launcher.records import (
+from launcher.events import records
+from launcher.events.log import EventLog
+from launcher.events.records import (
     KINDS,
     SCHEMA_VERSION,
     CycleStart,
@@ -116,10 +116,10 @@ def test_every_record_the_launcher_writes_names_its_kinds_fields():
         assert len(call.args) == 1 and not call.keywords, f"{where}: record_event takes one record"
         built = call.args[0]
         if not (isinstance(built, ast.Call) and isinstance(built.func, ast.Name) and built.func.id in classes):
-            continue  # a record built elsewhere (the failure records of launcher.events)
+            continue  # a record built elsewhere (the failure records of launcher.events.log)
         cls = classes[built.func.id]
         fields = {f.name for f in dataclasses.fields(cls)}
-        # (the failure record of launcher.events adds its detail with **: its keys are checked at run time)
+        # (the failure record of launcher.events.log adds its detail with **: its keys are checked at run time)
         keywords = {k.arg for k in built.keywords if k.arg is not None}
         assert not built.args, f"{where}: {cls.__name__} takes its fields by name"
         assert keywords <= fields, f"{where}: {cls.EVENT!r} has no field(s) {sorted(keywords - fields)}"
@@ -157,7 +157,7 @@ def test_readers_skip_what_they_cannot_read_with_one_warning_per_reason(tmp_path
     path = tmp_path / "ft_events.jsonl"
     path.write_text("\n".join(lines) + "\n")
     skipped: collections.Counter = collections.Counter()
-    with caplog.at_level(logging.WARNING, logger="launcher.records"):
+    with caplog.at_level(logging.WARNING, logger="launcher.events.records"):
         found = list(read_events(path, skipped))
     assert [type(r) for r in found] == [LauncherStart, CycleStart]
     assert sum(skipped.values()) == 8
@@ -209,7 +209,7 @@ def test_the_envelope_may_be_null_or_absent():
                                          ((None, None), "-")])
 def test_ft_report_finished_from_the_launchers_flag_file(tmp_path, found, text):
     # without history.tsv: finished when the last launcher of any node found the flag file
-    from launcher import report
+    from launcher.events import report
 
     lines = []
     for node, finished in zip(("a", "b"), found, strict=True):
@@ -223,7 +223,7 @@ def test_ft_report_finished_from_the_launchers_flag_file(tmp_path, found, text):
 
 
 def test_ft_report_counts_what_it_skipped(tmp_path):
-    from launcher import report
+    from launcher.events import report
 
     path = tmp_path / "ft_events.jsonl"
     path.write_text(json.dumps(CycleStart(ts=2.0, node="n", pid=1, cycle=0).to_wire()) + "\n"
@@ -348,8 +348,8 @@ def test_the_root_nodes_of_one_launchers_last_cycle_read_back_from_its_log(tmp_p
 
 
 def test_the_records_module_names_the_failure_kinds_as_launcher_failures_does():
-    # launcher.records imports no torch, so it spells these out; they must agree
-    from launcher import failures
+    # launcher.events.records imports no torch, so it spells these out; they must agree
+    from launcher.decision import failures
 
     assert records.ROOT_CAUSE_KINDS == {failures.KIND_HANG, failures.KIND_EXIT, failures.KIND_SIGNAL}
     assert records.CAUSE_TERMINATED == failures.KIND_TERMINATED

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench import goodput as bench_goodput
-from launcher import report
-from launcher.goodput import Recovery, run_figures
+from launcher.events import report
+from launcher.events.goodput import Recovery, run_figures
 
 
 def test_run_figures_arithmetic():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.restart_policy import (
+from launcher.decision.restart_policy import (
     ANY_FAILED,
     MIN_HEALTHY,
     OUTCOME_EXCLUDED,

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ft_core.wire import protocol
-from launcher.control_server import ControlServer
+from launcher.node.control_server import ControlServer
 from tests.other_user import as_nobody
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""launcher.signals.SignalHandling names the stop signal that arrived first (issue 21.5).
+"""launcher.node.signals.SignalHandling names the stop signal that arrived first (issue 21.5).
 
 Python runs the handlers of signals that are pending together in signal-number order, so SIGINT's
 handler runs before SIGTERM's even when SIGTERM arrived first. The launcher must still stop
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 SCENARIO = """
 import os, signal, threading
 from torch.distributed.elastic.multiprocessing.api import SignalException
-from launcher.signals import SignalHandling
+from launcher.node.signals import SignalHandling
 
 go, sent = threading.Event(), threading.Event()
 

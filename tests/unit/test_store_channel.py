@@ -8,7 +8,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from launcher.store_channel import SHUTDOWN_KEY, StoreChannel
+from launcher.rendezvous.store_channel import SHUTDOWN_KEY, StoreChannel
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_when_the_store_fails_nobody_is_called_missing():
 @pytest.mark.parametrize("nodes", [4, 32])
 def test_gathering_every_view_costs_a_node_a_few_reads_whatever_the_number_of_nodes(tcp_store, nodes):
     # Polling each node's key cost every node O(N) reads per poll, O(N^2) for the job (issue 25).
-    from launcher.store_counter import StoreCounts, counting_store, totals
+    from launcher.rendezvous.store_counter import StoreCounts, counting_store, totals
 
     server, client = tcp_store
     for node in range(1, nodes):

@@ -7,7 +7,7 @@ import datetime
 
 import torch.distributed as dist
 
-from launcher.store_channel import SHUTDOWN_KEY, StoreChannel
+from launcher.rendezvous.store_channel import SHUTDOWN_KEY, StoreChannel
 
 NESTED = b"[" * 100_000 + b"]" * 50_000  # fits MAX_VIEW_BYTES, deeper than the decoder can go
 

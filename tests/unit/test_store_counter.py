@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from launcher import membership, rendezvous_poll, store_counter
 from launcher.launch_config import apply_rendezvous_defaults, create_rendezvous_handler
-from launcher.store_channel import StoreChannel
+from launcher.rendezvous import membership, store_counter
+from launcher.rendezvous import poll as rendezvous_poll
+from launcher.rendezvous.store_channel import StoreChannel
 
 
 @pytest.fixture

@@ -35,11 +35,12 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from torch.distributed.elastic.rendezvous import RendezvousParameters, dynamic_rendezvous
 from torch.distributed.launcher import api as launcher_api
 
-from launcher import environment, launch_config, torch_compat
 from launcher import launch as our_launch
+from launcher import launch_config, torch_compat
 from launcher.agent import FaultTolerantAgent
 from launcher.cli import get_args_parser
-from launcher.store_channel import STORE_ERRORS
+from launcher.node import environment
+from launcher.rendezvous.store_channel import STORE_ERRORS
 from tests.torch_source_checks import (
     HOOKS,
     INVOKE_RUN_FRAGMENTS,
@@ -220,21 +221,22 @@ def test_nothing_outside_the_agent_reads_private_attributes_of_other_objects():
     allowed = {"_exit", "_run_exitfuncs"}  # os._exit and atexit._run_exitfuncs (the warm template)
     # The rendezvous poll wrapper; torch_source_checks.check_rendezvous_poll checks it on every
     # supported torch release.
-    allowed_in = {"rendezvous_poll.py": {"_delay", "_state_holder", "_cache_duration"},
+    allowed_in = {"rendezvous/poll.py": {"_delay", "_state_holder", "_cache_duration"},
                   "torch_compat.py": {"_shutdown"},  # its signature: does this torch's agent take a timeout
                   # FT_STORE_COUNTS only (a debug counter): the handler's and its c10d backend's store
-                  "store_counter.py": {"_store"},
+                  "rendezvous/store_counter.py": {"_store"},
                   # the rendezvous state (torch_source_checks.check_membership checks each on every release)
-                  "membership.py": set(MEMBERSHIP_HANDLER_ATTRIBUTES)}
+                  "rendezvous/membership.py": set(MEMBERSHIP_HANDLER_ATTRIBUTES)}
     found = []
-    for path in sorted(LAUNCHER.glob("*.py")):
-        if path.name == "agent.py":
+    for path in sorted(LAUNCHER.rglob("*.py")):
+        name = path.relative_to(LAUNCHER).as_posix()
+        if name == "agent.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
                     and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
-                    and node.attr not in allowed | allowed_in.get(path.name, set())):
-                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+                    and node.attr not in allowed | allowed_in.get(name, set())):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     assert not found, found
 
 
@@ -255,7 +257,7 @@ def test_the_data_torch_hands_us():
 
 
 def test_store_errors_are_what_we_catch():
-    # launcher.store_channel catches STORE_ERRORS around every store operation
+    # launcher.rendezvous.store_channel catches STORE_ERRORS around every store operation
     for error in (dist.DistStoreError, dist.DistNetworkError, dist.DistError):
         assert issubclass(error, STORE_ERRORS), f"torch's {error.__name__} is no longer a {STORE_ERRORS}"
 
@@ -277,7 +279,7 @@ def test_launch_agent_does_nothing_we_do_not_know_about():
         f"torch's launch_agent now also calls {sorted(calls - set(LAUNCH_AGENT_CALLS))}: check "
         "launcher/launch.py, which rebuilds it")
     source = inspect.getsource(launcher_api.launch_agent)
-    # launcher.environment.set_up_environment sets it as launch_agent does (torch >= 2.10)
+    # launcher.node.environment.set_up_environment sets it as launch_agent does (torch >= 2.10)
     assert (f'os.environ["{environment.SIGNALS_TO_HANDLE_ENV}"] = config.signals_to_handle' in source) == (
         "signals_to_handle" in torch_compat.LAUNCH_CONFIG_FIELDS)
     assert "shutdown_rdzv = False" in source  # not after a signal: the others keep the rendezvous
@@ -389,14 +391,14 @@ def test_static_checks_find_a_changed_hook(tmp_path):
 
 
 def test_static_checks_find_a_renamed_store_of_the_c10d_backend(tmp_path):
-    # launcher/store_counter.py (FT_STORE_COUNTS) swaps C10dRendezvousBackend._store
+    # launcher/rendezvous/store_counter.py (FT_STORE_COUNTS) swaps C10dRendezvousBackend._store
     problems = problems_with_an_edit(tmp_path, "rendezvous/c10d_rendezvous_backend.py",
                                      "self._store = store", "self._the_store = store")
     assert any(p.startswith("check_store_counter") and "C10dRendezvousBackend" in p for p in problems), problems
 
 
 def test_static_checks_find_a_rendezvous_that_picks_its_port_another_way(tmp_path):
-    # launcher/master_port.py replaces the get_free_port that RendezvousStoreInfo.build calls
+    # launcher/rendezvous/master_port.py replaces the get_free_port that RendezvousStoreInfo.build calls
     problems = problems_with_an_edit(tmp_path, "rendezvous/api.py",
                                      "server_port or get_free_port()", "server_port or _any_port()")
     assert any(p.startswith("check_master_port") for p in problems), problems

@@ -1,4 +1,4 @@
-"""launcher.unwinding and the collateral line: a stack taken while a rank was already ending.
+"""launcher.decision.unwinding and the collateral line: a stack taken while a rank was already ending.
 
 The frames are those of real runs (issue 29 item 7): a 2-rank Lightning DDP job with one worker
 SIGKILLed; the surviving rank's stack was taken while it printed its traceback or exited.
@@ -10,9 +10,9 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ft_core.wire.messages import StackCapture, StacksCaptured
-from launcher.culprit import COLLATERAL, ROOT
-from launcher.failures import Evidence, failure_records
-from launcher.unwinding import caller_frame, ending_reason, is_own_frame
+from launcher.decision.culprit import COLLATERAL, ROOT
+from launcher.decision.failures import Evidence, failure_records
+from launcher.decision.unwinding import caller_frame, ending_reason, is_own_frame
 
 STDLIB = "/root/.pyenv/versions/3.11.7/lib/python3.11"
 SITE = "/work/main/.venv/lib/python3.11/site-packages"

@@ -13,7 +13,7 @@ import pytest
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 
 from ft_core.wire.env import FT_WARM_TEMPLATE_SOCKET_ENV_VAR
-from launcher.events import EventLog
+from launcher.events.log import EventLog
 from launcher.warm.coordinator import TRAMPOLINE, WarmCoordinator, WarmTemplate
 
 

@@ -74,7 +74,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
-from launcher.rendezvous_plugin import create_ft_barrier_handler
+from launcher.rendezvous.plugin import create_ft_barrier_handler
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def default_poll_interval(max_nodes: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class MembershipView:
-    """What :mod:`launcher.membership` needs to know of the rendezvous (see :meth:`membership_view`).
+    """What :mod:`launcher.rendezvous.membership` needs to know of the rendezvous (see :meth:`membership_view`).
 
     Attributes:
         waiting_members: Nodes waiting for the next round that were members of this node's round.
@@ -243,7 +243,7 @@ class BarrierRendezvousHandler(RendezvousHandler):
                            type(err).__name__, err)
             return False
 
-    # ------------------------------------------------------------------ for launcher.membership
+    # ------------------------------------------------------------------ for launcher.rendezvous.membership
 
     def membership_view(self) -> MembershipView | None:
         """The nodes waiting for the next round and this round's live members, read at most once per
@@ -271,7 +271,7 @@ class BarrierRendezvousHandler(RendezvousHandler):
 
     def set_poll_interval(self, seconds: float) -> None:
         """Use ``seconds`` as the poll interval (``--rdzv-conf poll_interval``; see
-        :mod:`launcher.rendezvous_poll`)."""
+        :mod:`launcher.rendezvous.poll`)."""
         self.poll_interval = float(seconds)
 
     # ------------------------------------------------------------------ the protocol

@@ -5,7 +5,7 @@ reported, the hangs the monitors reported before signalling, the workers it stop
 evidence it gathered (:class:`Evidence`: progress and stacks from the monitors, when it saw each
 exit, the other nodes' views) and the time; it returns one :class:`FailureRecord` per failed
 worker of this node, the root first. Which rank is the root and which are collateral is
-:mod:`launcher.culprit`'s rule, applied over every node's ranks.
+:mod:`launcher.decision.culprit`'s rule, applied over every node's ranks.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any, Protocol
 from ft_core.monitor.deadlines import HangKind
 from ft_core.wire.messages import ProgressReport, RankHang, StackCapture, StacksCaptured
 from ft_core.wire.stacks import innermost_user_frame
-from launcher import culprit
-from launcher.crash_loop import Fingerprint, failed_before_first_step, fingerprint
-from launcher.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
-from launcher.unwinding import caller_frame, ending_reason, is_own_frame
+from launcher.decision import culprit
+from launcher.decision.crash_loop import Fingerprint, failed_before_first_step, fingerprint
+from launcher.decision.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
+from launcher.decision.unwinding import caller_frame, ending_reason, is_own_frame
 
 KIND_HANG = "hang"
 KIND_EXIT = "exit"
@@ -56,11 +56,11 @@ class FailureRecord:
             the root, which may be on another node).
         explanation: The sentence the launcher's line adds, e.g. ``rank 1 froze in step 61
             (outside any section for 3.0 s); rank 0 stopped waiting for it``.
-        fingerprint: What the cycle's root failure was (:mod:`launcher.crash_loop`; every record
+        fingerprint: What the cycle's root failure was (:mod:`launcher.decision.crash_loop`; every record
             of the cycle carries the root's, on every node), None without a root.
         root_step: The root rank's last step, None if unknown.
         root_before_first_step: The root raised its own exception before its first step
-            (:func:`launcher.crash_loop.failed_before_first_step`).
+            (:func:`launcher.decision.crash_loop.failed_before_first_step`).
     """
 
     cycle: int
@@ -100,7 +100,7 @@ class Evidence:
         stacks: Local rank -> the monitor's :class:`~ft_core.wire.messages.StacksCaptured` for
             ranks stopped as collateral.
         exits_seen_at: Local rank -> epoch seconds at which the launcher saw the worker exit.
-        remote: The other nodes' :class:`~launcher.culprit.RankState` for this cycle.
+        remote: The other nodes' :class:`~launcher.decision.culprit.RankState` for this cycle.
     """
 
     node: str = ""
@@ -116,7 +116,7 @@ class Exchanged:
     """What the exchange with the other nodes brought back (see :func:`failure_records`).
 
     Attributes:
-        states: The other nodes' :class:`~launcher.culprit.RankState` for this cycle.
+        states: The other nodes' :class:`~launcher.decision.culprit.RankState` for this cycle.
         lost: The nodes that sent no view within the wait (empty when the store could not be
             read: nothing is known about them then).
         waited: How long this node waited for the views, in seconds.
@@ -251,7 +251,7 @@ def _explain(record: FailureRecord, state: RankState, root: RankState | None, co
         record.role = ROOT
         seen_at = None
         if root.outcome == culprit.STOPPED:
-            # Found through another rank's timeout (rule 3 of launcher.culprit): a hang of this
+            # Found through another rank's timeout (rule 3 of launcher.decision.culprit): a hang of this
             # rank, not a consequence.
             seen_at = min((s.event_at for s in collateral if s.outcome == culprit.HANG and s.event_at is not None),
                           default=None)
@@ -284,7 +284,7 @@ def _explain(record: FailureRecord, state: RankState, root: RankState | None, co
             record.detail.update(root_rank=root.rank, root_node=root.node or None, root_group_rank=root.group_rank,
                                  root_cause=root.cause, root_outcome=root.outcome)
         if root is not None and root.outcome == LOST:
-            # rule 4 of launcher.culprit: a node that sent no view; the others it names too
+            # rule 4 of launcher.decision.culprit: a node that sent no view; the others it names too
             record.detail["lost_nodes"] = [{"group_rank": n.group_rank, "node": n.host} for n in root.lost_nodes]
 
 

@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from launcher import store_counter
+from launcher.rendezvous import store_counter
 
 logger = logging.getLogger(__name__)
 

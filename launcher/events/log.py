@@ -6,7 +6,7 @@ launcher's run id (``--rdzv-id``, or the random one). Records are appended with 
 ``O_APPEND`` alone is not atomic), so the launchers of several nodes and of successive attempts
 (``scripts/autoresume.sh``) share one file; a line left incomplete by a killed launcher is
 closed before the next record. At exit the launcher prints a summary built from the same
-records. ``ft_report`` (:mod:`launcher.report`) reads the file back.
+records. ``ft_report`` (:mod:`launcher.events.report`) reads the file back.
 
 The lock is not taken on the log, which others may read (and a reader can take a shared
 ``lockf`` lock, which would block every writer), but on ``<log>.lock``: a file of this user,
@@ -15,7 +15,7 @@ symbolic link, and neither may belong to another user (a usage error at the star
 writer waits at most :data:`LOCK_WAIT_S` for the lock (only our own writers hold it, each for
 one write), then writes without it and says so: no record, not even a forced stop's, can hang.
 
-Every record is one of the typed kinds of :mod:`launcher.records`, and :meth:`EventLog.record_event`
+Every record is one of the typed kinds of :mod:`launcher.events.records`, and :meth:`EventLog.record_event`
 is the one way to write one (``record_event(CycleStart(cycle=0, ...))``): a field the kind does
 not have is an error where the record is built.
 """
@@ -38,10 +38,10 @@ import time
 from typing import Any, TextIO, TypeVar
 
 from ft_core.monitor.deadlines import HangKind
-from launcher import records
-from launcher.culprit import COLLATERAL, LOST, ROOT
-from launcher.failures import KIND_EXIT, KIND_HANG, KIND_SIGNAL, FailureRecord
-from launcher.records import CycleStart, EventRecord, Failure, RankEscalated, Result, Summary
+from launcher.decision.culprit import COLLATERAL, LOST, ROOT
+from launcher.decision.failures import KIND_EXIT, KIND_HANG, KIND_SIGNAL, FailureRecord
+from launcher.events import records
+from launcher.events.records import CycleStart, EventRecord, Failure, RankEscalated, Result, Summary
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=EventRecord)
@@ -236,7 +236,7 @@ class EventLog:
 
     def last_cycle_root_nodes(self) -> list[str]:
         """The nodes this launcher's records name as the root of the last started cycle's failure
-        (see :func:`launcher.records.last_cycle_root_nodes`).
+        (see :func:`launcher.events.records.last_cycle_root_nodes`).
 
         Returns:
             Host names in the order first named; empty if the last cycle recorded no failure.
@@ -308,7 +308,7 @@ def _plain(detail: dict[str, Any]) -> dict[str, Any]:
 def _incident_kind(record: Failure) -> str:
     """How the summary names an incident, from its root's record (or a collateral one)."""
     if record.effective_role != ROOT:
-        if record.root_outcome == LOST:  # a node that sent no view (rule 4 of launcher.culprit)
+        if record.root_outcome == LOST:  # a node that sent no view (rule 4 of launcher.decision.culprit)
             return "lost node"
         return "root on another node" if record.root_node is not None else "root unknown"
     if record.cause_kind == KIND_HANG:

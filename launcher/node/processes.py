@@ -142,7 +142,7 @@ class WorkerProcesses:
 
         Args:
             sig: A signal the launcher received.
-            job_wide: The workers' processes got ``sig`` themselves (see launcher.signals).
+            job_wide: The workers' processes got ``sig`` themselves (see launcher.node.signals).
             received_at: When the launcher received it (monotonic; None: now). A worker started
                 since was not there for it: it gets it once connected to its monitor, as a
                 restart's next worker does, even when it was sent to the whole job.

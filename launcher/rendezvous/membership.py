@@ -22,7 +22,7 @@ from the rendezvous state which waiting nodes count:
   not interrupt training; below the minimum the workload restarts with the spares.
 
 A handler with its own ``membership_view()`` (``--rdzv-backend ft-barrier``,
-:mod:`launcher.barrier_rendezvous`) answers these questions with counts instead of torch's state.
+:mod:`launcher.rendezvous.barrier`) answers these questions with counts instead of torch's state.
 
 A waiting node that does not count is a spare; each time the set of spares changes, one INFO line
 says so (``N node(s) wait as spares``). Where the state cannot be read (a handler without torch's
@@ -37,8 +37,8 @@ import logging
 import threading
 from typing import Any
 
-from launcher import store_counter
-from launcher.restart_policy import MIN_HEALTHY
+from launcher.decision.restart_policy import MIN_HEALTHY
+from launcher.rendezvous import store_counter
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class MembershipHandler:
         if torch_count == 0:
             self.__dict__["_spares"] = frozenset()
             return 0
-        if self._has_view():  # ft-barrier (launcher.barrier_rendezvous): counts, cached with torch_count's read
+        if self._has_view():  # ft-barrier (launcher.rendezvous.barrier): counts, cached with torch_count's read
             view = self._handler.membership_view()
             if view is None:
                 return torch_count

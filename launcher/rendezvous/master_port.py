@@ -1,7 +1,7 @@
 """The port rank 0's worker listens on for its store: chosen below the kernel's ephemeral range.
 
 The launcher gives every rendezvous round a fresh store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``,
-:mod:`launcher.environment`). torch's rendezvous then takes that port from
+:mod:`launcher.node.environment`). torch's rendezvous then takes that port from
 ``get_free_port()``: bind port 0, read the number, close. Rank 0's worker binds it seconds later,
 after its imports. The kernel picks port 0's number from ``ip_local_port_range``, the same range
 it gives every outgoing connection of the host as its local port, so on a busy host an outgoing
@@ -13,7 +13,7 @@ binds one on purpose can take it.
 :func:`install` puts :func:`pick_master_port` in the place of the name torch's rendezvous calls
 (``torch.distributed.elastic.rendezvous.api.get_free_port``; ``tests/torch_source_checks.py``
 checks that it is still called there). Both torch's c10d rendezvous and
-:mod:`launcher.barrier_rendezvous` build the workers' store address through it.
+:mod:`launcher.rendezvous.barrier` build the workers' store address through it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
 something failed it gathers the evidence, before anything is stopped
 (:meth:`CycleWatch.gather_evidence`: every monitor's ``progress_query``, and ``capture_stacks``
 for the ranks still running, within the stack capture budget); at the decision it hands
-:func:`launcher.failures.failure_records` an :class:`~launcher.failures.Evidence`.
+:func:`launcher.decision.failures.failure_records` an :class:`~launcher.decision.failures.Evidence`.
 
 A hang fails the cycle whatever the exit status that follows (a SIGTERM handler may exit 0):
 :meth:`CycleWatch.hung_failures` supplies torch-style failures for hung workers torch does not
@@ -24,9 +24,9 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 from ft_core.wire import messages
 from ft_core.wire.messages import ProgressReport, RankHang, StacksCaptured
 from ft_core.wire.stacks import RANK_EXITED
-from launcher import processes
-from launcher.failures import Evidence
-from launcher.monitors import MonitorPool
+from launcher.decision.failures import Evidence
+from launcher.node import processes
+from launcher.node.monitors import MonitorPool
 
 logger = logging.getLogger(__name__)
 

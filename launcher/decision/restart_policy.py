@@ -1,7 +1,7 @@
 """What happens after a failure: restart, stop, or (min-healthy) wait while enough nodes run.
 
 Pure decisions; the agent supplies the facts (restarts left, healthy nodes counted through
-:class:`launcher.store_channel.StoreChannel`) and carries the decision out.
+:class:`launcher.rendezvous.store_channel.StoreChannel`) and carries the decision out.
 
 - ``any-failed`` (default): any failed worker restarts the worker group on every node, through
   the rendezvous, while ``--max-restarts`` allows.
@@ -29,7 +29,7 @@ OUTCOME_SHUTDOWN = "shutdown_requested"
 OUTCOME_EXCLUDED = "node_excluded"
 """A rank on this node requested ``ExcludeThisNode``."""
 OUTCOME_REPEATED = "repeated_failure"
-"""The same failure ended ``max_no_progress_cycles`` cycles without progress (:mod:`launcher.crash_loop`)."""
+"""The same failure ended ``max_no_progress_cycles`` cycles without progress (:mod:`launcher.decision.crash_loop`)."""
 
 
 @dataclass(frozen=True)

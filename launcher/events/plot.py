@@ -1,4 +1,4 @@
-"""``ft_report --plot``: the timeline of :mod:`launcher.report` drawn with matplotlib.
+"""``ft_report --plot``: the timeline of :mod:`launcher.events.report` drawn with matplotlib.
 
 One row per node: each cycle as a bar (yellow while its workers start, green while they are all
 up), each failure as a marker (a red cross for a root cause, an orange dot for a worker stopped as
@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from launcher.records import ROLE_ROOT, Straggler
-from launcher.report import Report, ReportError, _failed_at, _origin, _seconds, failure_kind, role
+from launcher.events.records import ROLE_ROOT, Straggler
+from launcher.events.report import Report, ReportError, _failed_at, _origin, _seconds, failure_kind, role
 
 MAX_LABELS = 60
 """Most text labels of one kind on a chart; with more, none of that kind is written."""

@@ -94,7 +94,7 @@ def apply_to_handler(handler: Any, poll_interval: float) -> bool:
     a cached state holder (another backend): it is then left as it is.
     """
     own = getattr(handler, "set_poll_interval", None)
-    if callable(own):  # ft-barrier (launcher.barrier_rendezvous): its own polls, no torch state to cache
+    if callable(own):  # ft-barrier (launcher.rendezvous.barrier): its own polls, no torch state to cache
         own(poll_interval)
         return True
     holder = getattr(handler, "_state_holder", None)

@@ -1,6 +1,6 @@
 """Goodput and time to recover: one computation for a user's run and for our benchmarks.
 
-``ft_report`` (:mod:`launcher.report`) feeds it from a run's event log, ``bench/goodput.py`` from
+``ft_report`` (:mod:`launcher.events.report`) feeds it from a run's event log, ``bench/goodput.py`` from
 its instrumented training job; each decides what counts as useful time and as "recovered", and
 this module does the arithmetic, so the two report the same figures the same way:
 

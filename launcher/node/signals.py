@@ -17,11 +17,11 @@ docs/launcher.md ("Signals") has the table for every signal and every way it can
 Each worker must see each signal once. SLURM's step daemon signals every process of a step
 itself (``scancel -s``, ``--signal`` without ``B:``, the time limit); a terminal, ``kill PID`` or
 ``scripts/autoresume.sh`` signal the launcher alone. The launcher tells the two apart through its
-sentinel (:mod:`launcher.sentinel`), a process that sits where the workers sit: if the sentinel
+sentinel (:mod:`launcher.node.sentinel`), a process that sits where the workers sit: if the sentinel
 got the signal too (within :data:`JOB_WIDE_WINDOW`), so did the workers, and the launcher passes
 nothing on; otherwise it sends the signal to each worker's process group itself (for a stop
 signal, as the first step of stopping them). Signals for workers that are not there to take them
-(a restart in progress) are queued (:class:`launcher.processes.WorkerProcesses`).
+(a restart in progress) are queued (:class:`launcher.node.processes.WorkerProcesses`).
 
 The process group, not the worker's main process alone, on purpose (graceful-stop signals
 included): a job-wide signal reaches every process of a worker anyway, so both deliveries hit the
@@ -80,7 +80,7 @@ class SignalHandling:
         force: Called on the dispatcher thread to force the stop (third stop signal, or the
             graceful stop not finished within ``grace_seconds``); must not return.
         job_wide: ``job_wide(sig, received_at)``: whether the workers got ``sig`` themselves
-            (the sentinel's :meth:`~launcher.sentinel.Sentinel.saw`); may wait up to
+            (the sentinel's :meth:`~launcher.node.sentinel.Sentinel.saw`); may wait up to
             :data:`JOB_WIDE_WINDOW`.
         grace_seconds: Time the graceful stop may take.
     """

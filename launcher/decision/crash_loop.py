@@ -16,7 +16,7 @@ and remembers it for the fingerprint: the same failure again, now on another nod
 stops the restarts.
 
 Every node computes the same fingerprint: it is made from the root's
-:class:`~launcher.culprit.RankState`, which every node chooses from the same exchanged views.
+:class:`~launcher.decision.culprit.RankState`, which every node chooses from the same exchanged views.
 Pure (no clock, no I/O).
 """
 
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ft_core.wire.stacks import innermost_user_frame
-from launcher import culprit
-from launcher.culprit import RankState
+from launcher.decision import culprit
+from launcher.decision.culprit import RankState
 
 DEFAULT_MAX_NO_PROGRESS_CYCLES = 2
 """Consecutive failed cycles with one fingerprint and no progress that stop the restarts."""
@@ -95,7 +95,7 @@ class Fingerprint:
 
 
 def fingerprint(root: RankState) -> Fingerprint:
-    """The fingerprint of a failed cycle, from its root rank (as :func:`launcher.culprit.choose_root`
+    """The fingerprint of a failed cycle, from its root rank (as :func:`launcher.decision.culprit.choose_root`
     chose it)."""
     if root.outcome == culprit.LOST:
         # A lost node: which node, not what its ranks were doing (nothing was reported).
@@ -116,7 +116,7 @@ def failed_before_first_step(root: RankState) -> bool:
     surely as one at step 30 000 (a setup error: Lightning's ``devices`` against the world size, a
     missing file). A hang, a signal (an OOM kill, a preemption) or a bare exit code before the
     first step may be transient (a slow file system, a busy node) and gives False: a restart may
-    help. Made from the root's :class:`~launcher.culprit.RankState`, so every node decides alike.
+    help. Made from the root's :class:`~launcher.decision.culprit.RankState`, so every node decides alike.
     """
     if root.outcome != culprit.CRASH or not _OWN_ERROR.match(root.cause):
         return False

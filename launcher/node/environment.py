@@ -5,7 +5,7 @@ of the run starts:
 
 - it takes ``scripts/autoresume.sh``'s variables out (the parent to die with, the descriptor of
   its lock, where to write the result), so that the workers do not inherit them;
-- it sets the run token every process of the run carries (see :mod:`launcher.sentinel`);
+- it sets the run token every process of the run carries (see :mod:`launcher.node.sentinel`);
 - it asks torch's c10d rendezvous for a fresh store per round (restarted gloo groups can read
   the previous round's peer addresses from a store shared with the agent: "Connection
   refused"), unless the user chose otherwise;
@@ -34,7 +34,7 @@ SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 SIGNALS_TO_HANDLE_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 """torch's variable (read by its worker processes' context) of the signals it handles."""
 RELAYED_BY_US = ("SIGUSR1", "SIGUSR2")
-"""Signals torch must not handle: the launcher passes them on to the workers (launcher.signals)."""
+"""Signals torch must not handle: the launcher passes them on to the workers (launcher.node.signals)."""
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from ft_core.monitor.server import RankMonitorServer
 from ft_core.wire import messages
 from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.osutil import signals_blocked
-from launcher import processes
+from launcher.node import processes
 
 logger = logging.getLogger(__name__)
 
