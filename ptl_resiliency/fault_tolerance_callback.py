@@ -4,18 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from ft_core.client.policy_actions import update_heartbeat_timeouts
-from ft_core.client.rank_monitor_client import RankMonitorClient
-from ft_core.client.sections_policy import (
-    MIN_ITERS_FOR_HB_TIMEOUTS,
-    HeartbeatsPolicy,
-    heartbeats_config_error,
-)
+from ft_core.client.sections_policy import MIN_ITERS_FOR_HB_TIMEOUTS
 from ft_core.client.simulated_fault import SimulatedFaultParams
-from ft_core.client.state_file import PART_HEARTBEATS
-from ft_core.wire.config import ConfigError
 from ptl_resiliency._base import GracefulStopOption, PathLike, _FaultToleranceCallbackBase
-from ptl_resiliency._checkpoint_hooks import KIND_SAVE
+from ptl_resiliency._drivers import HeartbeatDriver
 from ptl_resiliency._lightning import pl
 
 __all__ = ["MIN_ITERS_FOR_HB_TIMEOUTS", "FaultToleranceCallback"]
@@ -66,88 +58,42 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
         ValueError: An argument has an invalid value (named in the message).
     """
 
-    _STATE_PART = PART_HEARTBEATS
-
     def __init__(self, autoresume: bool, calculate_timeouts: bool,
                  simulated_fault_params: Optional[Union[SimulatedFaultParams, dict[str, Any]]] = None,
                  exp_dir: Optional[PathLike] = None, logger_name: str = "ptl_resiliency.FaultToleranceCallback",
                  graceful_stop: GracefulStopOption = None) -> None:
-        super().__init__(autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name, graceful_stop)
+        super().__init__(autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name, graceful_stop,
+                         HeartbeatDriver)
+        self._heartbeats: HeartbeatDriver = self._driver
 
-    # ------------------------------------------------------------------ policy
-
-    def _new_policy(self, trainer: pl.Trainer) -> HeartbeatsPolicy:
-        return HeartbeatsPolicy(self.calculate_timeouts)
-
-    def _config_error(self, client: RankMonitorClient) -> Optional[ConfigError]:
-        timeouts = client.hb_timeouts
-        return heartbeats_config_error(
-            "FaultToleranceCallback", timeouts.initial, timeouts.subsequent,
-            client.section_timeouts.out_of_section, self.calculate_timeouts,
-        )
-
-    # ------------------------------------------------------------------ heartbeats
-
-    def _heartbeat(self) -> None:
-        client = self._session.client
-        if client is not None:
-            client.send_heartbeat()
+    # ------------------------------------------------------------------ heartbeats (HeartbeatDriver)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Heartbeat: setup and checkpoint loading are done (the graceful stop is installed and the
         timeouts in force logged)."""
         super().on_train_start(trainer, pl_module)
-        self._heartbeat()
-        set_step = self._session.set_step
-        if set_step is not None:
-            set_step(trainer.global_step)
+        self._heartbeats.train_started(trainer)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Heartbeat after every training batch; the graceful stop's check."""
-        session = self._session
-        client = session.client
-        if client is not None:
-            client.send_heartbeat()
-            self._policy.train_iters += 1
-            # The step that starts next (no on_train_batch_start hook here: it would cost a
-            # Lightning hook call per step).
-            set_step = session.set_step
-            if set_step is not None:
-                set_step(trainer.global_step)
-            stop = session.graceful_stop
-            if stop is not None and stop.step_ended(session.collectives):  # a collective at agreed steps
-                self._graceful_stop_now(trainer)
+        if self._heartbeats.train_batch_ended(trainer):  # a collective at the graceful stop's agreed steps
+            self._stop.stop_now(trainer)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Heartbeat before validation (its first batch may take a while to load)."""
-        self._heartbeat()
+        self._heartbeats.heartbeat()
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Heartbeat after every validation batch."""
-        client = self._session.client
-        if client is not None:
-            client.send_heartbeat()
+        self._heartbeats.heartbeat()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Heartbeat after validation."""
-        self._heartbeat()
+        self._heartbeats.heartbeat()
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Heartbeat at the end of training."""
-        self._heartbeat()
-
-    def _checkpoint_ended(self, client: RankMonitorClient, kind: str, ok: bool) -> None:
-        if kind == KIND_SAVE and ok:
-            self._policy.checkpoint_saved()
-            client.send_heartbeat()
-
-    def _final_progress(self, client: RankMonitorClient, clean: bool) -> None:
-        client.send_heartbeat()
-
-    # ------------------------------------------------------------------ timeouts
-
-    def _update_timeouts(self, client: RankMonitorClient, final: bool) -> bool:
-        return update_heartbeat_timeouts(self._policy, client, self._session.collectives, self._log)  # collective
+        self._heartbeats.heartbeat()

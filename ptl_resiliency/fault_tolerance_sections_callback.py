@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
-from ft_core.client.policy_actions import apply_change, training_step_ended, update_section_timeouts
 from ft_core.client.rank_monitor_client import RankMonitorClient
 from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
@@ -13,17 +12,13 @@ from ft_core.client.sections_policy import (
     SECTION_SETUP,
     SECTION_STEP,
     SECTIONS,
-    SectionsPolicy,
-    sections_config_error,
 )
 from ft_core.client.simulated_fault import SimulatedFaultParams
-from ft_core.client.state_file import PART_SECTIONS
-from ft_core.wire.config import ConfigError
 from ft_core.wire.data import WorkloadControlRequest
 from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
 from ft_core.wire.errors import RankMonitorClientError
 from ptl_resiliency._base import GracefulStopOption, PathLike, _FaultToleranceCallbackBase
-from ptl_resiliency._checkpoint_hooks import KIND_FINALIZE, KIND_SAVE, uses_async_checkpointing
+from ptl_resiliency._drivers import SectionsDriver
 from ptl_resiliency._lightning import pl
 
 __all__ = [
@@ -89,9 +84,6 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
         ValueError: An argument has an invalid value (named in the message).
     """
 
-    _WRAP_CHECKPOINT_IO = True
-    _STATE_PART = PART_SECTIONS
-
     def __init__(
         self,
         autoresume: bool,
@@ -102,102 +94,49 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
         exc_handling_policy: Optional[ExcHandlingPolicy] = None,
         graceful_stop: GracefulStopOption = None,
     ) -> None:
-        super().__init__(autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name, graceful_stop)
+        super().__init__(autoresume, calculate_timeouts, simulated_fault_params, exp_dir, logger_name, graceful_stop,
+                         SectionsDriver, on_failure=self._send_exc_handling_request)
         if exc_handling_policy is not None and not callable(exc_handling_policy):
             raise ValueError(
                 "FaultToleranceSectionsCallback: exc_handling_policy must be a callable "
                 f"(exception -> WorkloadControlRequest or None), got {exc_handling_policy!r}"
             )
         self.exc_handling_policy = exc_handling_policy
+        self._sections: SectionsDriver = self._driver
 
-    # ------------------------------------------------------------------ policy
-
-    def _new_policy(self, trainer: pl.Trainer) -> SectionsPolicy:
-        return SectionsPolicy(
-            self.calculate_timeouts,
-            async_checkpointing=uses_async_checkpointing(trainer.strategy.checkpoint_io),
-        )
-
-    def _config_error(self, client: RankMonitorClient) -> Optional[ConfigError]:
-        timeouts = client.section_timeouts
-        return sections_config_error("FaultToleranceSectionsCallback", timeouts.section,
-                                     timeouts.out_of_section, self.calculate_timeouts,
-                                     initial_heartbeat=client.hb_timeouts.initial, opens_only_these=True)
-
-    def _on_started(self, client: RankMonitorClient) -> None:
-        policy: SectionsPolicy = self._policy
-        apply_change(client, policy.setup_started())
-        if policy.async_checkpointing:
-            self._log.info("asynchronous checkpoint IO: the checkpointing timeout is not calculated")
-
-    # ------------------------------------------------------------------ steps
+    # ------------------------------------------------------------------ steps (SectionsDriver)
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """Close ``setup`` at the first batch; open ``step`` after the warm-up batch."""
-        session = self._session
-        client = session.client
-        if client is not None:
-            set_step = session.set_step
-            if set_step is not None:
-                set_step(trainer.global_step)
-            apply_change(client, self._policy.training_step_started())
+        self._sections.train_batch_started(trainer)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Close ``step``; the graceful stop's check (a collective at the agreed check steps)."""
-        session = self._session
-        client = session.client
-        if client is not None and training_step_ended(client, self._policy, session.graceful_stop,
-                                                      session.collectives):
-            self._graceful_stop_now(trainer)
+        if self._sections.train_batch_ended(trainer):
+            self._stop.stop_now(trainer)
 
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                   batch_idx: int, dataloader_idx: int = 0) -> None:
         """Close ``setup`` at the first batch; open ``step`` after the run's warm-up batch."""
-        client = self._session.client
-        if client is not None:
-            apply_change(client, self._policy.eval_step_started())
+        self._sections.validation_batch_started()
 
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Close ``step``."""
-        client = self._session.client
-        if client is not None:
-            end = self._policy.eval_step_ended()
-            if end is not None:
-                client.end_section(end)
+        self._sections.validation_batch_ended()
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Close a ``step`` left open by a batch that ended the epoch early (hook returned -1)."""
-        client = self._session.client
-        if client is not None:
-            end = self._policy.step_abandoned()
-            if end is not None:
-                client.end_section(end)
+        self._sections.train_epoch_ended()
 
-    # ------------------------------------------------------------------ checkpointing
+    # ------------------------------------------------------------------ failures
 
-    def _checkpoint_started(self, client: RankMonitorClient, kind: str) -> None:
-        apply_change(client, self._policy.checkpointing_started())
-
-    def _checkpoint_ended(self, client: RankMonitorClient, kind: str, ok: bool) -> None:
-        # Only trainer.save_checkpoint runs on every rank: the IO's own work may be rank 0's alone.
-        end = self._policy.checkpointing_ended(is_async_finalization=kind == KIND_FINALIZE,
-                                               completes_save=kind == KIND_SAVE and ok)
-        apply_change(client, end.change)
-        if end.update_timeouts:
-            self._maybe_update_and_save_timeouts(client, final=False)
-
-    # ------------------------------------------------------------------ end of run
-
-    def _final_progress(self, client: RankMonitorClient, clean: bool) -> None:
-        for name in self._policy.run_ended():
-            client.end_section(name)
-
-    def _on_failure(self, trainer: pl.Trainer, exception: BaseException) -> None:
+    def _send_exc_handling_request(self, exception: BaseException) -> None:
+        """The run failed with ``exception``: send what ``exc_handling_policy`` asks for, if anything."""
         policy = self.exc_handling_policy
         if policy is None:
             return
@@ -218,6 +157,3 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
             return
         self._log.warning("run failed with %r; asked ft_launcher to %s (%s)",
                           exception, request.action.name, request.description)
-
-    def _update_timeouts(self, client: RankMonitorClient, final: bool) -> bool:
-        return update_section_timeouts(self._policy, client, self._session.collectives, self._log, final)  # collective

@@ -28,8 +28,8 @@ from ft_core.straggler.outcome import (
     scores_summary,
 )
 from ft_core.wire.errors import GracefulStopExit
-from ptl_resiliency._base import last_checkpoint_path
 from ptl_resiliency._checkpoint_hooks import KIND_SAVE, CheckpointHooks
+from ptl_resiliency._graceful_stop import last_checkpoint_path
 from ptl_resiliency._lightning import Callback, TrainerFn, pl
 
 __all__ = ["StragglerDetectionCallback"]

@@ -25,7 +25,7 @@ PRINTING_VIA_OUR_ON_EXCEPTION = (
     f"{STDLIB}/traceback.py:184 format_exc",
     f"{SITE}/torch/distributed/elastic/multiprocessing/errors/error_handler.py:82 ErrorHandler.record_exception",
     f"{OURS}/ft_core/client/run_errors.py:82 record_error_for_launcher",
-    f"{OURS}/ptl_resiliency/_base.py:230 _FaultToleranceCallbackBase.on_exception",
+    f"{OURS}/ptl_resiliency/_session.py:203 FitSession.failed",
 )
 PRINTING_AT_EXIT = (
     f"{STDLIB}/linecache.py:137 updatecache",
@@ -62,7 +62,7 @@ WAITING_IN_OUR_GRACEFUL_STOP = (
     (FINALIZING_AFTER_THE_SCRIPT, "exiting"),
     (INTERPRETER_SHUTDOWN, "exiting"),
     ((f"{OURS}/ft_core/client/session.py:271 FrontEndSession.close",
-      f"{OURS}/ptl_resiliency/_base.py:462 _FaultToleranceCallbackBase._finish"), "handling its error"),
+      f"{OURS}/ptl_resiliency/_session.py:243 FitSession.finish"), "handling its error"),
     ((f"{SITE}/lightning/pytorch/trainer/call.py:70 _interrupt",), "handling its error"),
     # still at work: the innermost frame is where it waited
     (WAITING_IN_A_COLLECTIVE, None),
