@@ -42,6 +42,7 @@ from launcher.decision.culprit import COLLATERAL, LOST, ROOT
 from launcher.decision.failures import KIND_EXIT, KIND_HANG, KIND_SIGNAL, FailureRecord
 from launcher.events import records
 from launcher.events.records import CycleStart, EventRecord, Failure, RankEscalated, Result, Summary
+from launcher.exit_codes import LauncherUsageError
 
 logger = logging.getLogger(__name__)
 R = TypeVar("R", bound=EventRecord)
@@ -64,9 +65,10 @@ class EventLog:
         run_id: The launcher's run id, recorded in every event (set it before the first record).
 
     Raises:
-        UsageError: The log or its lock file is a symbolic link, another user's file, or not a
-            regular file (:mod:`launcher.options`' error: ft_launcher exits with a usage error).
-        OSError: The log or its lock file cannot be opened or created.
+        LauncherUsageError: The log or its lock file is a symbolic link, another user's file, or not a
+            regular file, or the log cannot be created (:mod:`launcher.options`' error: ft_launcher
+            exits with a usage error).
+        OSError: The lock file cannot be opened or created.
     """
 
     def __init__(self, path: str | None, node: str | None = None, stream: TextIO | None = None,
@@ -83,8 +85,14 @@ class EventLog:
         """The same as written (JSON objects)."""
         if self.path:
             directory = os.path.dirname(os.path.abspath(self.path))
-            os.makedirs(directory, exist_ok=True)
-            self._fd = _open_own(self.path, os.O_RDWR | os.O_APPEND, 0o644, "event log")
+            try:
+                os.makedirs(directory, exist_ok=True)
+                self._fd = _open_own(self.path, os.O_RDWR | os.O_APPEND, 0o644, "event log")
+            except OSError as err:
+                # the up-front check trusts access(2), which lets root "write" where nothing can be
+                # made (/proc, a read-only mount): what the kernel says here is the answer
+                raise _unfit(f"the event log {self.path} cannot be created: {err.strerror or err} "
+                             f"({err.filename or directory}); choose another --ft-event-log") from None
             try:
                 self._lock_fd = _open_own(self.path + LOCK_SUFFIX, os.O_RDWR, 0o600, "event log's lock file")
                 if stat.S_IMODE(os.fstat(self._lock_fd).st_mode) != 0o600:
@@ -171,6 +179,7 @@ class EventLog:
             self._print(f"{who} failed: {failure.cause}{explained}; {decision}")
         else:
             self._print(f"{who} {failure.explanation or 'stopped'} (collateral: {failure.cause}); {decision}")
+        hang, progress, stacks, root = failure.hang, failure.progress, failure.stacks, failure.root
         self.record_event(Failure(
             cycle=failure.cycle,
             rank=failure.rank,
@@ -185,7 +194,27 @@ class EventLog:
             fingerprint=failure.fingerprint.digest if failure.fingerprint is not None else None,
             fingerprint_text=failure.fingerprint.describe() if failure.fingerprint is not None else None,
             root_step=failure.root_step,
-            **_plain(failure.detail),
+            exit_code=failure.exit_code,
+            error=failure.error,
+            hang_kind=_hang_kind_text(hang.kind) if hang is not None else None,
+            section=hang.section if hang is not None else None,
+            elapsed=hang.elapsed if hang is not None else None,
+            timeout=hang.timeout if hang is not None else None,
+            signal=hang.signal if hang is not None else None,
+            step=progress.step if progress is not None else None,
+            open_section=progress.open_section if progress is not None else None,
+            last_progress_at=progress.last_progress_at if progress is not None else None,
+            stack_file=stacks.stack_file if stacks is not None else None,
+            stack_frames=list(stacks.stack_frames) if stacks is not None else None,
+            stack_error=stacks.stack_error if stacks is not None else None,
+            user_frame=failure.user_frame,
+            root_rank=root.rank if root is not None else None,
+            root_node=root.node if root is not None else None,
+            root_group_rank=root.group_rank if root is not None else None,
+            root_cause=root.cause if root is not None else None,
+            root_outcome=root.outcome if root is not None else None,
+            lost_nodes=([{"group_rank": n.group_rank, "node": n.host} for n in root.lost_nodes]
+                        if root is not None and root.lost_nodes is not None else None),
         ))
 
     def outcome_line(self, cycle: int, cause: str, decision: str) -> None:
@@ -263,7 +292,7 @@ def _open_own(path: str, flags: int, mode: int, what: str) -> int:
     through a symbolic link.
 
     Raises:
-        UsageError: A symbolic link, another user's file, or not a regular file (ft_launcher
+        LauncherUsageError: A symbolic link, another user's file, or not a regular file (ft_launcher
             exits with a usage error, before anything of the run started).
         OSError: As ``os.open``.
     """
@@ -295,14 +324,12 @@ def _open_own(path: str, flags: int, mode: int, what: str) -> int:
 
 def _unfit(message: str) -> Exception:
     """The error for an event log another user could block or fool us through."""
-    from launcher.options import UsageError  # not at the top: launcher.options imports this module
-
-    return UsageError(message)
+    return LauncherUsageError(message)
 
 
-def _plain(detail: dict[str, Any]) -> dict[str, Any]:
-    """A failure's detail as the record holds it: a :class:`HangKind` as its ``.value`` string."""
-    return {key: value.value if isinstance(value, HangKind) else value for key, value in detail.items()}
+def _hang_kind_text(kind: HangKind | str) -> str:
+    """A hang kind as the record holds it: a :class:`HangKind` as its ``.value`` string."""
+    return kind.value if isinstance(kind, HangKind) else kind
 
 
 def _incident_kind(record: Failure) -> str:

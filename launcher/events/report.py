@@ -38,7 +38,6 @@ import datetime
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
@@ -55,70 +54,25 @@ from launcher.events.records import (
     Result,
     WorkersReady,
 )
+from launcher.events.runs import (
+    Cycle,
+    HistoryAttempt,
+    LauncherRecords,
+    ReportError,
+    RunReport,
+    failed_at,
+    failure_kind,
+    record_time,
+    role,
+    seconds_text,
+    timeline_origin,
+)
 
 HISTORY_FILE = "history.tsv"
 _LOST = "lost"  # launcher.decision.culprit.LOST: the root was a node that sent no view of the failure
 LOST_NODE_KIND = "lost node"
 _SAME_LOSS_S = 30.0
 """Two nodes' records of one lost node within this many seconds of each other are one incident."""
-
-
-class ReportError(Exception):
-    """The input cannot be read; the message says what to pass instead."""
-
-
-@dataclass
-class Cycle:
-    """One start of a node's worker group."""
-
-    index: int
-    started: float
-    ready: Optional[float] = None
-    ended: Optional[float] = None
-    since_failure_s: Optional[float] = None
-    warm: Optional[bool] = None
-    failures: list[Failure] = field(default_factory=list)
-
-
-@dataclass
-class LauncherRun:
-    """One ``ft_launcher`` process: its records from ``launcher_start`` to ``result``."""
-
-    node: str
-    pid: int
-    run_id: Optional[str]
-    started: float
-    attempt: Optional[int] = None
-    start_record: LauncherStart = field(default_factory=LauncherStart)
-    cycles: list[Cycle] = field(default_factory=list)
-    events: list[EventRecord] = field(default_factory=list)
-    result: Optional[Result] = None
-
-    @property
-    def ended(self) -> float:
-        if self.result is not None:
-            return _ts(self.result)
-        return max([self.started] + [_ts(e) for e in self.events])
-
-
-@dataclass
-class Attempt:
-    """One line of autoresume's ``history.tsv``."""
-
-    number: int
-    start: Optional[float]
-    end: Optional[float]
-    exit_code: str
-    flag: str
-    decision: str
-
-
-@dataclass
-class Report:
-    runs: list[LauncherRun]
-    attempts: list[Attempt]
-    sources: list[str]
-    skipped_lines: int = 0
 
 
 # ---------------------------------------------------------------------- reading
@@ -206,13 +160,8 @@ def read_events(files: Iterable[Path]) -> tuple[list[EventRecord], int]:
             found.extend(kinds.read_events(file, skipped))
         except OSError as err:
             raise ReportError(f"cannot read {file}: {err.strerror}") from None
-    found.sort(key=_ts)
+    found.sort(key=record_time)
     return found, sum(skipped.values())
-
-
-def _ts(record: EventRecord) -> float:
-    """A record's time stamp (every record :func:`read_events` yields has one)."""
-    return record.ts if record.ts is not None else 0.0
 
 
 def _parse_time(text: str) -> Optional[float]:
@@ -222,37 +171,51 @@ def _parse_time(text: str) -> Optional[float]:
         return None
 
 
-def read_history(path: Optional[Path]) -> list[Attempt]:
+def attempt_number(value: Any) -> Optional[int]:
+    """An attempt number written as a whole number (``3`` or ``"3"``), else None (an odd value).
+
+    Only ASCII digits count: ``str.isdigit`` also accepts ``"²"`` or ``"٣"``, which ``int`` then
+    refuses (or reads as another number), and one odd record must not stop the report.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if value >= 0 else None
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return None
+
+
+def read_history(path: Optional[Path]) -> list[HistoryAttempt]:
     """autoresume.sh's attempts (``history.tsv``), or none."""
     if path is None:
         return []
     attempts = []
     with open(path, encoding="utf-8", errors="replace", newline="") as stream:
         for row in csv.DictReader(stream, delimiter="\t"):
-            if not (row.get("attempt") or "").isdigit():
+            number = attempt_number(row.get("attempt"))
+            if number is None:
                 continue
-            attempts.append(Attempt(int(row["attempt"]), _parse_time(row.get("start") or ""),
+            attempts.append(HistoryAttempt(number, _parse_time(row.get("start") or ""),
                                     _parse_time(row.get("end") or ""), row.get("exit_code") or "-",
                                     row.get("flag") or "-", row.get("decision") or ""))
     return attempts
 
 
-def build_runs(records: Sequence[EventRecord]) -> list[LauncherRun]:
+def build_runs(records: Sequence[EventRecord]) -> list[LauncherRecords]:
     """Group records by launcher (node and run id; node and pid in logs without run ids) and cycle.
 
     A ``launcher_start`` record begins a new launcher run even when its key was seen before (a
     fixed ``--rdzv-id`` used again). The records' ``pid`` is not the key: a few records name
     another process in it (``warm_template_started``).
     """
-    runs: dict[tuple[Any, Any], LauncherRun] = {}
-    order: list[LauncherRun] = []
+    runs: dict[tuple[Any, Any], LauncherRecords] = {}
+    order: list[LauncherRecords] = []
     for record in records:
         key = (record.node, record.run_id or f"pid {record.pid}")
         run = runs.get(key)
         if isinstance(record, LauncherStart) or run is None:
             attempt = record.attempt if isinstance(record, LauncherStart) else None
-            run = LauncherRun(str(record.node), record.pid or 0, record.run_id, _ts(record),
-                              int(attempt) if str(attempt).isdigit() else None,
+            run = LauncherRecords(str(record.node), record.pid or 0, record.run_id, record_time(record),
+                              attempt_number(attempt),
                               record if isinstance(record, LauncherStart) else LauncherStart())
             runs[key] = run
             order.append(run)
@@ -262,46 +225,36 @@ def build_runs(records: Sequence[EventRecord]) -> list[LauncherRun]:
     return order
 
 
-def _add(run: LauncherRun, record: EventRecord) -> None:
+def _add(run: LauncherRecords, record: EventRecord) -> None:
     run.events.append(record)
     cycle = run.cycles[-1] if run.cycles else None
     if isinstance(record, CycleStart):
         if cycle is not None and cycle.ended is None:
-            cycle.ended = _ts(record)
-        run.cycles.append(Cycle(record.cycle, _ts(record), since_failure_s=record.since_failure_s,
+            cycle.ended = record_time(record)
+        run.cycles.append(Cycle(record.cycle, record_time(record), since_failure_s=record.since_failure_s,
                                 warm=record.warm_start))
     elif isinstance(record, WorkersReady) and cycle is not None and cycle.ready is None:
-        cycle.ready = _ts(record)
+        cycle.ready = record_time(record)
     elif isinstance(record, Failure):
         target = next((c for c in reversed(run.cycles) if c.index == record.cycle), cycle)
         if target is not None:
             target.failures.append(record)
             # a cycle ends at its first failure, root or not (the root may be on another node)
-            target.ended = min(_failed_at(record), target.ended if target.ended is not None else float("inf"))
+            target.ended = min(failed_at(record), target.ended if target.ended is not None else float("inf"))
     elif isinstance(record, Result):
         run.result = record
         if cycle is not None and cycle.ended is None:
-            cycle.ended = _ts(record)
-
-
-def role(failure: Failure) -> str:
-    """``root`` or ``collateral``: the record's ``role`` when the launcher gives one, else from
-    its cause (a worker the launcher stopped because another failed is collateral)."""
-    return failure.effective_role
+            cycle.ended = record_time(record)
 
 
 def lost_node(cycle: Cycle) -> Optional[Failure]:
     """The first record of a cycle whose root was a node that sent no report (rule 4 of
     :mod:`launcher.decision.culprit`); None if its root was a rank."""
     found = [f for f in cycle.failures if f.root_outcome == _LOST]
-    return min(found, key=_failed_at) if found else None
+    return min(found, key=failed_at) if found else None
 
 
-def _failed_at(failure: Failure) -> float:
-    return failure.detected_at if failure.detected_at is not None else _ts(failure)
-
-
-def load(paths: str | Path | Sequence[str | Path]) -> Report:
+def load(paths: str | Path | Sequence[str | Path]) -> RunReport:
     """Read run directories, directories of event logs and event log files (one or several) as one
     run: every node's log and autoresume's ``history.tsv`` in one timeline.
 
@@ -321,22 +274,13 @@ def load(paths: str | Path | Sequence[str | Path]) -> Report:
     for before, after in zip(attempts, attempts[1:], strict=False):
         if before.end is not None and after.start is not None:
             after.start = max(after.start, before.end)
-    return Report(runs, attempts, [str(f) for f in files], skipped)
+    return RunReport(runs, attempts, [str(f) for f in files], skipped)
 
 
 # ---------------------------------------------------------------------- figures
 
 
-def failure_kind(failure: Failure) -> str:
-    """``hang (heartbeat)``, ``hang (section 'step')``, ``exit``, ``signal``...: for per-kind figures."""
-    kind = failure.cause_kind
-    if kind == "hang" and failure.hang_kind:
-        section = failure.section
-        return f"hang ({failure.hang_kind}{' ' + repr(section) if section else ''})"
-    return kind
-
-
-def recoveries(report: Report) -> list[Recovery]:
+def recoveries(report: RunReport) -> list[Recovery]:
     """One per cycle that ended with a root-cause failure and was followed by ready workers.
 
     The next cycle is the same node's next cycle, or its first cycle in the next launcher run
@@ -352,20 +296,20 @@ def recoveries(report: Report) -> list[Recovery]:
             lost = lost_node(cycle)
             if following.ready is None or not (roots or lost):
                 continue
-            first = min(roots, key=_failed_at) if roots else lost
+            first = min(roots, key=failed_at) if roots else lost
             kind = failure_kind(first) if roots else LOST_NODE_KIND
-            found.append(Recovery(kind, _failed_at(first), following.ready, following.started))
+            found.append(Recovery(kind, failed_at(first), following.ready, following.started))
     return found
 
 
-def useful_seconds(report: Report) -> float:
+def useful_seconds(report: RunReport) -> float:
     """Seconds the workers were up: each cycle from ready to its end (one node's view: the first)."""
     node = report.runs[0].node
     return sum(max(0.0, c.ended - c.ready) for run in report.runs if run.node == node
                for c in run.cycles if c.ready is not None and c.ended is not None)
 
 
-def figures(report: Report) -> dict[str, Any]:
+def figures(report: RunReport) -> dict[str, Any]:
     """Wall time, goodput (upper bound), failures, mean time to recover (see the module docstring)."""
     started = min(r.started for r in report.runs)
     ended = max(r.ended for r in report.runs)
@@ -384,7 +328,7 @@ def figures(report: Report) -> dict[str, Any]:
     return result
 
 
-def finished(report: Report) -> tuple[Optional[bool], Optional[str]]:
+def finished(report: RunReport) -> tuple[Optional[bool], Optional[str]]:
     """Whether the run finished, and the flag file that says so when the launchers named it.
 
     autoresume's ``history.tsv`` answers for its run directory (its last attempt's flag column);
@@ -394,7 +338,7 @@ def finished(report: Report) -> tuple[Optional[bool], Optional[str]]:
     """
     if report.attempts:
         return report.attempts[-1].flag == "yes", None
-    last: dict[str, LauncherRun] = {}
+    last: dict[str, LauncherRecords] = {}
     for run in report.runs:  # in time order: the last of each node wins
         if run.result is not None and run.result.finished is not None:
             last[run.node] = run
@@ -404,10 +348,10 @@ def finished(report: Report) -> tuple[Optional[bool], Optional[str]]:
     return bool(found), (found or list(last.values()))[-1].result.finished_flag_file
 
 
-def lost_node_incidents(report: Report) -> int:
+def lost_node_incidents(report: RunReport) -> int:
     """Incidents whose root was a lost node: no node's log holds a root record for them, each
     survivor's log names the node; records of the same node within :data:`_SAME_LOSS_S` count once."""
-    seen = sorted(((run.run_id, record.root_group_rank, record.root_node), _failed_at(record))
+    seen = sorted(((run.run_id, record.root_group_rank, record.root_node), failed_at(record))
                   for run in report.runs for cycle in run.cycles if (record := lost_node(cycle)) is not None)
     count, last = 0, None
     for key, at in seen:
@@ -420,17 +364,8 @@ def lost_node_incidents(report: Report) -> int:
 # ---------------------------------------------------------------------- text
 
 
-def _origin(report: Report) -> float:
-    """Time zero of the timeline: the first attempt's or launcher's start."""
-    return min([r.started for r in report.runs] + [a.start for a in report.attempts if a.start is not None])
-
-
 def _clock(ts: float) -> str:
     return datetime.datetime.fromtimestamp(ts).strftime("%H:%M:%S.%f")[:-3]
-
-
-def _seconds(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:.2f} s"
 
 
 def _or_unknown(value: Any) -> str:
@@ -438,9 +373,9 @@ def _or_unknown(value: Any) -> str:
     return "?" if value is None else str(value)
 
 
-def timeline_lines(report: Report) -> list[str]:
+def timeline_lines(report: RunReport) -> list[str]:
     """The timeline as text lines, oldest first."""
-    origin = _origin(report)
+    origin = timeline_origin(report)
     items: list[tuple[float, int, str]] = []
 
     def add(ts: float, text: str, order: int = 0) -> None:
@@ -466,12 +401,12 @@ def timeline_lines(report: Report) -> list[str]:
             if cycle.ready is not None:
                 add(cycle.ready, f"{where} cycle {cycle.index}: all workers ready "
                                  f"({cycle.ready - cycle.started:.2f} s after their start)")
-            roots = sorted((f for f in cycle.failures if role(f) == ROLE_ROOT), key=_failed_at)
+            roots = sorted((f for f in cycle.failures if role(f) == ROLE_ROOT), key=failed_at)
             others = [f for f in cycle.failures if role(f) != ROLE_ROOT]
             lost = lost_node(cycle) if not roots else None
             if lost is not None:
-                add(_failed_at(lost), f"{where} cycle {cycle.index}: ROOT CAUSE: {_or_unknown(lost.root_cause)}", 1)
-                add(_failed_at(lost), f"{where} cycle {cycle.index}: decision: {_or_unknown(lost.decision)}", 2)
+                add(failed_at(lost), f"{where} cycle {cycle.index}: ROOT CAUSE: {_or_unknown(lost.root_cause)}", 1)
+                add(failed_at(lost), f"{where} cycle {cycle.index}: decision: {_or_unknown(lost.decision)}", 2)
             # root causes, the decision taken on them, then the workers stopped as a consequence
             for number, failure in enumerate(roots + others):
                 label = "ROOT CAUSE" if role(failure) == ROLE_ROOT else "collateral"
@@ -479,32 +414,33 @@ def timeline_lines(report: Report) -> list[str]:
                 fingerprint = ""
                 if failure.fingerprint and label != "collateral":
                     fingerprint = f" [fingerprint {failure.fingerprint}]"
-                add(_failed_at(failure), f"{where} cycle {cycle.index}: {label}: rank {_or_unknown(failure.rank)} "
+                add(failed_at(failure), f"{where} cycle {cycle.index}: {label}: rank {_or_unknown(failure.rank)} "
                                          f"(local rank {_or_unknown(failure.local_rank)}, pid "
                                          f"{_or_unknown(failure.worker_pid)}): {failure.cause}{fingerprint}",
                     1 + number + (number >= len(roots)) + 2 * (lost is not None))
             if roots:
-                add(_failed_at(roots[0]), f"{where} cycle {cycle.index}: decision: {_or_unknown(roots[0].decision)}",
+                add(failed_at(roots[0]), f"{where} cycle {cycle.index}: decision: {_or_unknown(roots[0].decision)}",
                     1 + len(roots))
         for record in run.events:
             if isinstance(record, kinds.Restart):
-                add(_ts(record), f"{where} restart: {_or_unknown(record.reason)}")
+                add(record_time(record), f"{where} restart: {_or_unknown(record.reason)}")
             elif isinstance(record, ControlRequest):
                 source = f" from node {record.from_node}" if record.from_node else ""
-                add(_ts(record), f"{where} rank {_or_unknown(record.rank)}{source} requested "
+                add(record_time(record), f"{where} rank {_or_unknown(record.rank)}{source} requested "
                                  f"{_or_unknown(record.action)}: {record.description or '(no reason given)'}")
             elif isinstance(record, kinds.Straggler):
-                add(_ts(record), f"{where} {straggler_text(record)}")
+                add(record_time(record), f"{where} {straggler_text(record)}")
             elif isinstance(record, (kinds.MonitorDied, kinds.MonitorReplaced, kinds.LeftoversKilled)):
-                add(_ts(record), f"{where} {record.EVENT.replace('_', ' ')}")
+                add(record_time(record), f"{where} {record.EVENT.replace('_', ' ')}")
         by_cycle: dict[Any, list[kinds.GracefulStopped]] = {}
         for record in run.events:
             if isinstance(record, kinds.GracefulStopped):
                 by_cycle.setdefault(record.cycle, []).append(record)
         for cycle_index, stops in by_cycle.items():
-            add(max(map(_ts, stops)), f"{where} cycle {_or_unknown(cycle_index)}: {graceful_stop_text(stops)}", 2)
+            add(max(map(record_time, stops)),
+                f"{where} cycle {_or_unknown(cycle_index)}: {graceful_stop_text(stops)}", 2)
         if run.result is not None:
-            add(_ts(run.result), f"{where} ft_launcher ended: {run.result.outcome} "
+            add(record_time(run.result), f"{where} ft_launcher ended: {run.result.outcome} "
                                  f"(exit code {run.result.exit_code})", 3)
     return [text for _, _, text in sorted(items, key=lambda item: (item[0], item[1]))]
 
@@ -523,7 +459,7 @@ def graceful_stop_text(stops: Sequence[kinds.GracefulStopped]) -> str:
     return f"graceful stop on {signals}: ranks stopped after DIFFERENT steps: {each}"
 
 
-def graceful_stops(report: Report) -> list[dict[str, Any]]:
+def graceful_stops(report: RunReport) -> list[dict[str, Any]]:
     """Every graceful stop of the run, one per run id (an autoresume attempt: all its nodes),
     oldest first: ``run_id``, ``attempt``, ``signal``, ``steps`` (node -> the sorted steps its
     ranks stopped after), ``ranks`` (how many reported) and ``same_step`` (every rank of every
@@ -564,7 +500,7 @@ def straggler_text(record: kinds.Straggler) -> str:
 
 
 def figure_lines(values: dict[str, Any]) -> list[str]:
-    by_kind = ", ".join(f"{kind} {_seconds(v)}" for kind, v in sorted(values["mttr_by_kind_s"].items()))
+    by_kind = ", ".join(f"{kind} {seconds_text(v)}" for kind, v in sorted(values["mttr_by_kind_s"].items()))
     goodput = "-" if values["goodput"] is None else f"{values['goodput']:.3f}"
     flag = values.get("finished_flag_file")
     finished = {True: f"yes (flag file present{': ' + flag if flag else ''})",
@@ -587,7 +523,7 @@ def figure_lines(values: dict[str, Any]) -> list[str]:
         f"failures: {values['failures']} root cause(s), {values['collateral']} worker(s) stopped as a consequence",
         f"goodput <= {goodput} (workers up {values['useful_s']:.1f} s of {values['wall_s']:.1f} s; work redone "
         "since the last checkpoint is not in the event log)",
-        f"mean time to recover {_seconds(values['mttr_s'])} over {values['recoveries']} recover(ies) (failure "
+        f"mean time to recover {seconds_text(values['mttr_s'])} over {values['recoveries']} recover(ies) (failure "
         f"detected -> workers ready again){'; by kind: ' + by_kind if by_kind else ''}",
         *stops,
     ]
@@ -596,7 +532,7 @@ def figure_lines(values: dict[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------- plot
 
 
-def plot(report: Report, values: dict[str, Any], path: str | Path) -> None:
+def plot(report: RunReport, values: dict[str, Any], path: str | Path) -> None:
     """Draw the timeline to ``path`` (PNG, SVG or PDF by its suffix): :func:`launcher.events.plot.draw`.
 
     Raises:

@@ -70,11 +70,10 @@ from torch.distributed.elastic.rendezvous import (
     RendezvousParameters,
     RendezvousStoreInfo,
     RendezvousTimeoutError,
-    rendezvous_handler_registry,
 )
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
-from launcher.rendezvous.plugin import create_ft_barrier_handler
+from launcher.rendezvous.poll import parse_poll_interval
 
 logger = logging.getLogger(__name__)
 
@@ -468,6 +467,9 @@ def create_handler(params: RendezvousParameters) -> BarrierRendezvousHandler:
         ValueError: A setting out of range (torch's registry turns it into a usage error).
         RendezvousConnectionError: The store cannot be reached (torch's backend).
     """
+    poll = params.get("poll_interval", None)
+    # the same check as ft_launcher's --rdzv-conf one (0.01 to 1 s): plain torchrun reaches only this
+    poll_interval = parse_poll_interval(str(poll)) if poll is not None else None
     _, store = create_backend(params)  # torch's c10d backend: endpoint, is_host, read_timeout, store_type
 
     def number(key: str, default: float) -> float:
@@ -478,17 +480,11 @@ def create_handler(params: RendezvousParameters) -> BarrierRendezvousHandler:
             raise ValueError(f"the rendezvous setting {key} must be a positive whole number, got {value}")
         return value
 
-    poll = params.get("poll_interval", None)
     return BarrierRendezvousHandler(
         store, params.run_id, params.min_nodes, params.max_nodes, local_addr=params.local_addr,
         join_timeout=number("join_timeout", DEFAULT_JOIN_TIMEOUT),
         last_call_timeout=number("last_call_timeout", DEFAULT_LAST_CALL_TIMEOUT),
         keep_alive_interval=number("keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL),
         keep_alive_max_attempt=int(number("keep_alive_max_attempt", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT)),
-        poll_interval=float(poll) if poll is not None else None)
+        poll_interval=poll_interval)
 
-
-def register() -> None:
-    """Register ``ft-barrier`` in torch's rendezvous handler registry (again, or after torch loaded
-    the package's ``torchrun.handlers`` entry point: no-op, the creator is the same object)."""
-    rendezvous_handler_registry.register(BACKEND, create_ft_barrier_handler)

@@ -389,6 +389,8 @@ def launcher_runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     cases = {
         "event-log-directory": [*base, "--ft-event-log", str(tmp_path), *worker],
         "event-log-unreachable": [*base, "--ft-event-log", str(a_file / "events.jsonl"), *worker],
+        # access(2) lets root write in /proc, where nothing can be made: was a FileNotFoundError traceback
+        "event-log-in-proc": [*base, "--ft-event-log", "/proc/nope/x.jsonl", *worker],
         "log-dir-a-file": [*base, "--log-dir", str(a_file), *worker],
         "yaml-5000-digits": [*base, "--fault-tol-cfg-path", str(tmp_path / "big.yaml"), *worker],
         "no-python-not-executable": [*base, "--no-python", str(tmp_path / "job.sh")],
@@ -407,6 +409,7 @@ def launcher_runs(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
 BAD_LAUNCHER_INPUT = {
     "event-log-directory": ["--ft-event-log {tmp}", "is a directory"],
     "event-log-unreachable": ["{tmp}/a-file is not a directory"],
+    "event-log-in-proc": ["the event log /proc/nope/x.jsonl cannot be created", "--ft-event-log"],
     "log-dir-a-file": ["--log-dir {tmp}/a-file", "is not a directory"],
     "yaml-5000-digits": ["{tmp}/big.yaml", "line 2", "5000 characters"],
     "no-python-not-executable": ["{tmp}/job.sh", "is not executable", "--no-python"],

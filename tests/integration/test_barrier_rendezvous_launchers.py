@@ -78,3 +78,19 @@ def test_plain_torchrun_finds_ft_barrier_through_the_installed_entry_point(tmp_p
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(err[-3000:] for _, err in outputs)
     lines = sorted(line for out, _ in outputs for line in out.splitlines() if line.startswith("rank "))
     assert lines == ["rank 0 of 2 sum 3", "rank 1 of 2 sum 3"], outputs
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("poll", ["-1", "0"])
+def test_plain_torchrun_refuses_the_poll_intervals_ft_launcher_refuses(tmp_path, poll):
+    # was: -1 accepted (a crash once a node waits), 0 accepted (a busy poll of the store)
+    script = tmp_path / "sum_of_ranks.py"
+    script.write_text(SUM_OF_RANKS)
+    port = free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend", "ft-barrier",
+         "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"plain-{port}", "--nnodes", "1",
+         "--nproc-per-node", "1", "--rdzv-conf", f"poll_interval={poll}", str(script)],
+        env=launcher_env({"TMPDIR": str(tmp_path)}), capture_output=True, text=True, timeout=100, cwd=tmp_path)
+    assert done.returncode != 0 and "rank 0 of 1" not in done.stdout, done.stderr[-3000:]
+    assert f"invalid rendezvous configuration: poll_interval='{poll}' (seconds from 0.01 to 1)" in done.stderr

@@ -230,3 +230,18 @@ def test_the_plot_of_a_long_run_is_reduced_to_what_it_can_show(tmp_path):
     assert drawing.count('id="patch_') < 20  # the axes and the legend; no bar of its own per cycle
     assert drawing.count('id="text_') < 30  # the ticks, title and legend; no "cycle N" or failure labels
     assert "2 launcher run(s), 600 cycle(s)" in out.stdout
+
+
+@pytest.mark.parametrize("attempt", ["²", "٣", "-1", True, 1.5])
+def test_an_odd_attempt_number_is_an_unknown_attempt_not_a_traceback(tmp_path, attempt):
+    # issue 31 item 11: "²" passed str.isdigit() and then int() raised a ValueError traceback
+    records = [{"event": "launcher_start", "ts": 1000.0, "node": "n1", "pid": 5, "run_id": "r1", "attempt": attempt},
+               {"event": "cycle_start", "ts": 1001.0, "node": "n1", "pid": 5, "run_id": "r1", "cycle": 0},
+               {"event": "result", "ts": 1010.0, "node": "n1", "pid": 5, "run_id": "r1", "outcome": "succeeded"}]
+    log = tmp_path / "ft_events.jsonl"
+    log.write_text("".join(json.dumps(r) + "\n" for r in records))
+    out = ft_report(str(log))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "1 launcher run(s), 1 cycle(s)" in out.stdout
+    figures = json.loads(ft_report(str(log), "--json").stdout)
+    assert figures["wall_s"] == 10.0 and figures["attempts"] == 1
