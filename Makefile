@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= 2
 # --durations=30 in make test: every log (CI's too) lists the slowest tests; .ci/run must stay
 # under 30 minutes on 2 cores.
 
-.PHONY: venv test test-unit test-slurm test-cluster test-cluster-locked demo bench bench-peer lint clean check-torch-versions test-torch-oldest
+.PHONY: venv test test-unit test-slurm test-cluster test-cluster-locked demo bench bench-peer lint clean check-torch-versions check-lightning-versions test-torch-oldest
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -110,6 +110,25 @@ TORCH_VERSIONS ?=
 TORCH_SRC_CACHE ?= $(HOME)/.cache/ptl-resiliency/torch-src
 check-torch-versions: $(STAMP)
 	$(PY) -m tests.torch_versions --cache '$(TORCH_SRC_CACHE)' $(TORCH_VERSIONS)
+
+# The Lightning behaviour the callbacks' skipped hooks rely on (tests/unit/test_lightning_hook_skipping.py)
+# on every supported Lightning minor (pyproject: lightning>=2.1): one throwaway venv each under
+# LIGHTNING_VENVS, with TORCH_SPEC (a local wheel here) and the newest patch of that minor (downloaded:
+# ~1 min per minor here, see docs/development.md). setuptools<81: Lightning 2.1 imports pkg_resources.
+# Not in CI. LIGHTNING_VERSIONS='2.1' for one.
+LIGHTNING_VERSIONS ?= 2.1 2.2 2.3 2.4 2.5 2.6
+LIGHTNING_VENVS ?= /tmp/ptlr-lightning-venvs
+check-lightning-versions:
+	@set -e; for minor in $(LIGHTNING_VERSIONS); do \
+	    venv='$(LIGHTNING_VENVS)'/lightning-$$minor; rm -rf "$$venv"; \
+	    echo "== lightning $$minor.* in $$venv"; \
+	    $(PYTHON) -m venv "$$venv"; \
+	    "$$venv"/bin/pip install -q '$(TORCH_SPEC)' "lightning==$$minor.*" \
+	        'setuptools<81' pytest pytest-timeout pyyaml filelock psutil; \
+	    "$$venv"/bin/python -c 'import lightning; print("lightning", lightning.__version__)'; \
+	    "$$venv"/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_lightning_hook_skipping.py; \
+	    rm -rf "$$venv"; \
+	done
 
 # The launcher's tests against the oldest supported torch (2.8: no shutdown timeout in its agent,
 # launcher/torch_compat.py), in .venv-torch-oldest. Not in CI: PyPI's Linux torch wheels need
