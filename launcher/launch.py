@@ -42,19 +42,19 @@ from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FAULT_TOL_FINISHED_FLAG
 from ft_core.wire.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
 from launcher import exit_codes
 from launcher.agent import FaultTolerantAgent
-from launcher.agent_phase import AgentPhase
 from launcher.attempt_result import write_result
-from launcher.decision.restart_policy import OUTCOME_EXCLUDED, OUTCOME_REPEATED, OUTCOME_SHUTDOWN, RestartPolicy
+from launcher.decision.decide import OUTCOME_REPEATED, Action
+from launcher.decision.restart_policy import RestartPolicy
 from launcher.events.log import EventLog
 from launcher.events.records import GracefulStopped, LauncherStart, MonitorsStarted, Result, StoreLost
+from launcher.exit_codes import LauncherUsageError
 from launcher.launch_config import (
     StartFailed,
-    apply_rendezvous_defaults,
     close_rendezvous,
     create_rendezvous_handler,
     format_rdzv_conf,
-    pop_poll_interval,
-    pop_store_lost_timeout,
+    launch_config_value,
+    plan_rendezvous,
     read_launch_config,
     start_store_watchdog,
     worker_spec,
@@ -66,8 +66,9 @@ from launcher.node.environment import RunEnvironment, set_up_environment
 from launcher.node.monitors import MonitorPool
 from launcher.node.sentinel import Sentinel
 from launcher.node.signals import JOB_WIDE_WINDOW, SignalHandling
-from launcher.options import LauncherOptions, UsageError, config_sources
-from launcher.rendezvous import membership, store_counter
+from launcher.options import LauncherOptions, config_sources
+from launcher.rendezvous import master_port, membership, store_counter
+from launcher.rendezvous import plugin as rendezvous_plugin
 from launcher.rendezvous import poll as rendezvous_poll
 from launcher.warm.cold import ColdStart, StartCoordinator
 from launcher.warm.coordinator import WarmCoordinator, WarmTemplate
@@ -101,7 +102,7 @@ def rendezvous_error_text(err: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class LauncherExit:
     """How the launcher ends.
 
     Attributes:
@@ -125,7 +126,7 @@ class _Result:
     exit_code: int
 
 
-def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, options: LauncherOptions) -> Outcome:
+def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, options: LauncherOptions) -> LauncherExit:
     """Run the workers under fault tolerance on this node; every resource of the run is released.
 
     Args:
@@ -134,7 +135,7 @@ def launch(args: argparse.Namespace, ft_cfg: FaultToleranceConfig, options: Laun
         options: The launcher's own options.
 
     Raises:
-        UsageError: The arguments or the launcher's environment cannot be run; nothing was
+        LauncherUsageError: The arguments or the launcher's environment cannot be run; nothing was
             started (and what was prepared is removed again).
     """
     return LauncherRun(args, ft_cfg, options).run()
@@ -175,11 +176,13 @@ class LauncherRun:
         self._sentinel: Sentinel | None = None
         self._signals: SignalHandling | None = None
         self._workers: processes.WorkerProcesses | None = None
+        self._helpers = processes.HelperPids()
+        """The current pids of the run's helpers started again when they die (the sentinel)."""
         self._agent: FaultTolerantAgent | None = None
         self._stuck_threads: list[threading.Thread] = []
         self._rendezvous_left_open = False
 
-    def run(self) -> Outcome:
+    def run(self) -> LauncherExit:
         """Prepare, start, supervise and tear down the run; see :func:`launch`."""
         try:
             config, entrypoint, entry_args, env = self._prepare()
@@ -191,7 +194,7 @@ class LauncherRun:
             result = self._start_and_supervise(config, entrypoint, entry_args, env)
         finally:
             self._teardown(result)
-        return Outcome(result.exit_code, hard_exit=self._rendezvous_left_open
+        return LauncherExit(result.exit_code, hard_exit=self._rendezvous_left_open
                        or any(thread.is_alive() for thread in self._stuck_threads))
 
     # ------------------------------------------------------------------ preparing (nothing runs yet)
@@ -200,12 +203,12 @@ class LauncherRun:
         """The run directory, torchrun's config, the environment and the event log.
 
         Raises:
-            UsageError: Before any process of the run started.
+            LauncherUsageError: Before any process of the run started.
         """
         self._run_dir = make_run_dir()
         self._releases.callback(shutil.rmtree, self._run_dir, ignore_errors=True)
         config, entrypoint, entry_args = read_launch_config(self._args, self._run_dir)
-        env = set_up_environment(config.signals_to_handle)
+        env = set_up_environment(launch_config_value(config, "signals_to_handle"))
         self._result_file = env.result_file
         if env.keep_fd is not None:
             self._releases.callback(_close_quietly, env.keep_fd)
@@ -238,15 +241,15 @@ class LauncherRun:
         """
         assert self._events is not None
         events, options = self._events, self._options
-        term_timeout = options.stop_timeout(config.shutdown_timeout)
+        term_timeout = options.stop_timeout(launch_config_value(config, "shutdown_timeout"))
         workers = self._workers = processes.WorkerProcesses(config.nproc_per_node)
         sentinel, signals = self._start_guards(env, term_timeout)
-        store_lost_after = pop_store_lost_timeout(config)
-        poll_interval = pop_poll_interval(config)
-        rdzv_defaulted = apply_rendezvous_defaults(config)
-        if rdzv_defaulted:
+        # torch's LaunchConfig is not edited: the plan holds a new one for torch, without our keys
+        plan = plan_rendezvous(config)
+        config, poll_interval = plan.config, plan.poll_interval
+        if plan.defaulted:
             logger.info("rendezvous settings: %s (defaults of ft_launcher: %s; --rdzv-conf overrides)",
-                        format_rdzv_conf(config), ",".join(sorted(rdzv_defaulted)))
+                        format_rdzv_conf(config), ",".join(sorted(plan.defaulted)))
         events.record_event(LauncherStart(
             nnodes=f"{config.min_nodes}:{config.max_nodes}",
             nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
@@ -257,16 +260,17 @@ class LauncherRun:
             sentinel_pid=sentinel.pid, rdzv_conf=dict(config.rdzv_configs),
             rdzv_poll_interval=poll_interval,
         ))
+        polls_faster = self._change_torch(poll_interval)
         rdzv_handler = create_rendezvous_handler(config)
         if store_counter.install(rdzv_handler):  # FT_STORE_COUNTS: a debug counter for bench/scale.py
             self._releases.callback(store_counter.flush)
-        if poll_interval is not None and rendezvous_poll.install(poll_interval):
+        if poll_interval is not None and polls_faster:
             rendezvous_poll.apply_to_handler(rdzv_handler, poll_interval)
             logger.info("rendezvous: waiting nodes read the store every %.2f s (--rdzv-conf %s=S)",
                         poll_interval, rendezvous_poll.POLL_INTERVAL_KEY)
         # waiting nodes that cannot fit (or, under min-healthy, any new node) stay spares
         rdzv_handler = membership.wrap(rdzv_handler, self._ft_cfg.restart_policy)
-        watchdog = start_store_watchdog(config, store_lost_after, self._store_lost)
+        watchdog = start_store_watchdog(config, plan.store_lost_after, self._store_lost)
         if watchdog is not None:
             self._releases.callback(watchdog.stop)
         control = ControlServer(os.path.join(self._run_dir, "launcher.sock"))
@@ -286,11 +290,32 @@ class LauncherRun:
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
             term_timeout=term_timeout, reassert_signal_handlers=signals.reinstall,
             stop_signal_delivered=signals.stop_delivered, starts=starts, workers=workers,
-            helper_pids=[sentinel.pid] if sentinel.pid else [],
+            helper_pids=self._helpers,
             workers_stop_timeout=options.workers_stop_timeout,
         )
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
         return self._agent, rdzv_handler, watchdog
+
+    def _change_torch(self, poll_interval: float | None) -> bool:
+        """Put the launcher's changes into torch for this run; its teardown undoes them (also after
+        an error): torch is changed only while a launcher runs, never by importing a module.
+
+        - torch's rendezvous picks the workers' store port below the ephemeral range
+          (:mod:`launcher.rendezvous.master_port`);
+        - waiting nodes poll the c10d rendezvous every ``poll_interval`` (None: torch's pace;
+          :mod:`launcher.rendezvous.poll`);
+        - ``--rdzv-backend ft-barrier`` is registered in torch's handler registry. That one stays:
+          the registry has no way to remove an entry, and torch registers the same creator itself
+          from our ``torchrun.handlers`` entry point wherever the package is installed.
+
+        Returns:
+            Whether the poll interval is in place.
+        """
+        rendezvous_plugin.register()
+        self._releases.enter_context(master_port.installed())
+        if poll_interval is None:
+            return False
+        return self._releases.enter_context(rendezvous_poll.installed(poll_interval))
 
     def _start_guards(self, env: RunEnvironment, term_timeout: float) -> tuple[Sentinel, SignalHandling]:
         """Start what guarantees the run's end, before anything else of the run: the sentinel
@@ -298,7 +323,7 @@ class LauncherRun:
         # A sentinel that dies is started again: each one is kept off the leftover clean-ups.
         sentinel = self._sentinel = Sentinel(self._run_dir, FT_LAUNCHER_RUN_ENV_VAR, env.token, STEP_SIGNALS,
                                              keep_fds=() if env.keep_fd is None else (env.keep_fd,),
-                                             on_start=lambda pid: processes.set_helper("sentinel", pid))
+                                             on_start=lambda pid: self._helpers.set("sentinel", pid))
         signals = self._signals = SignalHandling(
             route=self._route_signal, force=self._forced_stop,
             job_wide=lambda sig, received_at: sentinel.saw(sig, received_at, JOB_WIDE_WINDOW),
@@ -348,15 +373,14 @@ class LauncherRun:
                          err, exit_codes.EXIT_NODE_EXCLUDED)
             result = _Result("node check failed", exit_codes.EXIT_NODE_EXCLUDED)
         else:
-            if agent.phase is AgentPhase.SHUTDOWN:
-                # keep the store (hosted here with c10d) up until the other nodes saw the request
-                agent.wait_for_shutdown_acks(SHUTDOWN_ACK_TIMEOUT)
-                result = _Result(OUTCOME_SHUTDOWN, exit_codes.EXIT_SHUTDOWN_REQUESTED)
-            elif agent.phase is AgentPhase.REPEATED:
-                result = _Result(OUTCOME_REPEATED, self._ft_cfg.no_restart_exit_code)
-            elif agent.phase is AgentPhase.EXCLUDED:
-                close = False  # closing it would end the job for the remaining nodes
-                result = _Result(OUTCOME_EXCLUDED, exit_codes.EXIT_NODE_EXCLUDED)
+            ending = agent.ending  # the agent's decision that ended the run (launcher.decision.decide)
+            if ending is not None and ending.outcome is not None and ending.exit_code is not None:
+                if ending.action is Action.SHUTDOWN:
+                    # keep the store (hosted here with c10d) up until the other nodes saw the request
+                    agent.wait_for_shutdown_acks(SHUTDOWN_ACK_TIMEOUT)
+                elif ending.action is Action.LEAVE:
+                    close = False  # closing it would end the job for the remaining nodes
+                result = _Result(ending.outcome, ending.exit_code)
             elif run_result is not None and not run_result.is_failed():
                 # a run that stopped gracefully (e.g. on SLURM's SIGUSR1 warning) did not succeed:
                 # it is unfinished; exit 0 all the same (autoresume.sh continues it)
@@ -368,7 +392,7 @@ class LauncherRun:
                 close_rendezvous(rdzv_handler)
             else:
                 # torch's rendezvous keeps a keep-alive thread that calls into the C++ store
-                # (see Outcome.hard_exit).
+                # (see LauncherExit.hard_exit).
                 self._rendezvous_left_open = True
         return result
 
@@ -438,7 +462,7 @@ class LauncherRun:
         told (it sweeps once more and exits)."""
         assert self._events is not None and self._sentinel is not None
         processes.kill_leftovers(worker_pids=self._agent.worker_pids if self._agent else [],
-                                 keep={self._sentinel.pid} - {None})
+                                 keep={self._sentinel.pid} - {None}, keep_alone=set(self._helpers))
         shutil.rmtree(self._run_dir, ignore_errors=True)
         cycles = (self._agent.cycle + 1) if self._agent else 0
         # ft_report's "finished" for a run whose flag was not written under autoresume.sh (no history.tsv)
@@ -477,7 +501,7 @@ def _close_quietly(fd: int) -> None:
         os.close(fd)
 
 
-class RunDirError(UsageError):
+class RunDirError(LauncherUsageError):
     """No directory is fit for the launcher's run directory (see :func:`make_run_dir`)."""
 
 

@@ -55,6 +55,8 @@ from ft_core.wire.config_values import (
     seconds_bounds,
     seconds_or_off_bounds,
 )
+from ft_core.wire.restart_policies import HELP_TEXT as RESTART_POLICY_HELP
+from ft_core.wire.restart_policies import POLICY_NAMES, RestartPolicyName
 
 __all__ = [
     "MAX_SAFETY_FACTOR",
@@ -82,7 +84,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-RESTART_POLICIES = ("any-failed", "min-healthy")
+RESTART_POLICIES = POLICY_NAMES  # the names are defined once, in ft_core.wire.restart_policies
 
 MIN_WORKLOAD_CHECK_INTERVAL = 0.1
 """Shortest housekeeping interval of a monitor: shorter ones only burn CPU (detection of hangs
@@ -267,9 +269,8 @@ class FaultToleranceConfig:
         dump=dump_log_level,
         metavar="LEVEL",
     ))
-    restart_policy: str = _declare("any-failed", FieldSpec(
-        "any-failed: restart all workers when any fails. min-healthy: restart only when fewer "
-        "nodes than the minimum of --nnodes are healthy.",
+    restart_policy: str = _declare(RestartPolicyName.ANY_FAILED.value, FieldSpec(
+        RESTART_POLICY_HELP,
         lambda name, value: parse_choice(name, value, RESTART_POLICIES),
         " or ".join(RESTART_POLICIES),
         frozenset({Role.LAUNCHER}),

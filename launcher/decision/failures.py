@@ -6,6 +6,12 @@ evidence it gathered (:class:`Evidence`: progress and stacks from the monitors, 
 exit, the other nodes' views) and the time; it returns one :class:`FailureRecord` per failed
 worker of this node, the root first. Which rank is the root and which are collateral is
 :mod:`launcher.decision.culprit`'s rule, applied over every node's ranks.
+
+A record is typed through and through: what a hang report said (:class:`HangDetail`), the
+rank's last progress and stacks (the monitor's own :class:`~ft_core.wire.messages.Progress` and
+:class:`~ft_core.wire.messages.StackSummary`) and, for a collateral rank, its root
+(:class:`RootDetail`); :meth:`launcher.events.log.EventLog.failure` writes each field of the
+``failure`` record from them.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ft_core.monitor.deadlines import HangKind
-from ft_core.wire.messages import ProgressReport, RankHang, StackCapture, StacksCaptured
+from ft_core.wire.messages import Progress, ProgressReport, RankHang, StacksCaptured, StackSummary
 from ft_core.wire.stacks import innermost_user_frame
 from launcher.decision import culprit
 from launcher.decision.crash_loop import Fingerprint, failed_before_first_step, fingerprint
@@ -34,6 +40,50 @@ KIND_UNHEALTHY = "unhealthy"
 MAX_ERROR_CHARS = 1000
 # torch's placeholder messages when a worker left no error file: not the worker's error.
 _PLACEHOLDER_PREFIXES = ("To enable traceback", "Signal ")
+FOUND_THROUGH_TIMEOUT = "found through another rank's timeout"
+"""The hang kind of a root found through another rank's timeout (rule 3 of :mod:`launcher.decision.culprit`)."""
+
+
+@dataclass(frozen=True)
+class HangDetail:
+    """What the monitor's hang report said (or, for a root found through another rank's
+    timeout, only :data:`FOUND_THROUGH_TIMEOUT` as the kind).
+
+    Attributes:
+        kind: A :class:`~ft_core.monitor.deadlines.HangKind`; a kind this launcher does not know
+            (a newer monitor) as sent; or :data:`FOUND_THROUGH_TIMEOUT`.
+        section: The section whose timeout passed, if any.
+        elapsed: Seconds since the deadline's start.
+        timeout: The timeout that passed, seconds.
+        signal: The termination signal the monitor sent (its name).
+    """
+
+    kind: HangKind | str
+    section: str | None = None
+    elapsed: float | None = None
+    timeout: float | None = None
+    signal: str | None = None
+
+
+@dataclass(frozen=True)
+class RootDetail:
+    """A collateral rank's root, as every node chose it.
+
+    Attributes:
+        rank: Its global rank (None for a lost node).
+        node: Its host, None if unknown.
+        group_rank: Its node's rank in the round.
+        cause: Its cause.
+        outcome: ``hang``, ``crash``, ``stopped``, ``lost`` or ``left`` (:mod:`launcher.decision.culprit`).
+        lost_nodes: For a ``lost`` root, every node that sent no report; None otherwise.
+    """
+
+    rank: int | None
+    node: str | None
+    group_rank: int | None
+    cause: str
+    outcome: str
+    lost_nodes: tuple[LostNode, ...] | None = None
 
 
 @dataclass
@@ -50,8 +100,13 @@ class FailureRecord:
         kind: ``hang``, ``exit``, ``signal`` or ``terminated`` (stopped by us after another
             worker failed).
         detected_at: Wall-clock time of detection (epoch seconds).
-        detail: Extra fields (``hang_kind`` as a :class:`~ft_core.monitor.deadlines.HangKind`,
-            section, elapsed, timeout, exit code, the evidence...).
+        exit_code: torch's exit code of the worker (negative: a signal), None without one.
+        error: The worker's own error message (torch's error file), None without one.
+        hang: What the hang report said, None for a rank that did not hang.
+        progress: The rank's last progress as its monitor saw it, None if unknown.
+        stacks: The rank's stacks (taken by its monitor, or the frames of its traceback), None
+            when none were taken and none failed.
+        root: For a collateral rank, the cycle's root; None otherwise or without a root.
         role: ``root`` (this rank caused the failure) or ``collateral`` (it stopped because of
             the root, which may be on another node).
         explanation: The sentence the launcher's line adds, e.g. ``rank 1 froze in step 61
@@ -70,12 +125,22 @@ class FailureRecord:
     cause: str
     kind: str
     detected_at: float
-    detail: dict[str, Any] = field(default_factory=dict)
+    exit_code: int | None = None
+    error: str | None = None
+    hang: HangDetail | None = None
+    progress: Progress | None = None
+    stacks: StackSummary | None = None
+    root: RootDetail | None = None
     role: str = ROOT
     explanation: str = ""
     fingerprint: Fingerprint | None = None
     root_step: int | None = None
     root_before_first_step: bool = False
+
+    @property
+    def user_frame(self) -> str | None:
+        """The innermost frame of the user's code in :attr:`stacks`, None without one."""
+        return innermost_user_frame(list(self.stacks.stack_frames)) if self.stacks is not None else None
 
 
 class ProcessFailureLike(Protocol):
@@ -192,15 +257,15 @@ def failure_records(
 
 def _one(global_rank: int, local_rank: int, failure: ProcessFailureLike, hang: RankHang | None,
          terminated: bool, cycle: int, now: float, evidence: Evidence) -> tuple[FailureRecord, RankState]:
-    detail: dict[str, Any] = {"exit_code": failure.exitcode}
+    hang_detail: HangDetail | None = None
+    error: str | None = None
     report = evidence.reports.get(local_rank)
     progress = report.progress if report is not None else None
     asked = evidence.stacks.get(local_rank)
-    captured: StackCapture | None = asked.stacks if asked is not None else None
+    captured: StackSummary | None = asked.stacks if asked is not None else None
     if hang is not None:
         kind, cause, outcome = KIND_HANG, hang.cause, culprit.HANG
-        detail.update(hang_kind=_hang_kind(hang.kind), section=hang.section, elapsed=hang.elapsed,
-                      timeout=hang.timeout, signal=hang.signal)
+        hang_detail = HangDetail(_hang_kind(hang.kind), hang.section, hang.elapsed, hang.timeout, hang.signal)
         detected_at = hang.detected_at
         progress = hang.progress or progress
         captured = hang.stacks if hang.stacks is not None else captured
@@ -218,24 +283,19 @@ def _one(global_rank: int, local_rank: int, failure: ProcessFailureLike, hang: R
             # (the launcher may notice two exits at once).
             seen.append(report.disconnected_at)
         detected_at = min(seen) if outcome == culprit.CRASH else now
-        error = worker_error(failure.message)
+        error = worker_error(failure.message) or None
         if not (captured and captured.stack_frames):
             crash_frames = traceback_frames(failure.message)
             if crash_frames:
-                captured = StackCapture(stack_frames=crash_frames, stack_method="traceback")
+                captured = StackSummary(stack_frames=crash_frames, stack_method="traceback")
         if error:
-            detail["error"] = error
             if kind == KIND_EXIT:  # the exception's summary line, e.g. "ValueError: bad lr"
                 cause = f"{cause}: {error_summary(error)}"
-    captured = captured or StackCapture()
+    captured = captured or StackSummary()
     frames = list(captured.stack_frames)
-    if progress is not None:
-        detail.update(step=progress.step, open_section=progress.open_section,
-                      last_progress_at=progress.last_progress_at)
-    if frames or captured.stack_error:
-        detail.update(stack_file=captured.stack_file, stack_frames=frames,
-                      stack_error=captured.stack_error, user_frame=innermost_user_frame(frames))
-    record = FailureRecord(cycle, global_rank, local_rank, failure.pid, cause, kind, detected_at, detail)
+    record = FailureRecord(cycle, global_rank, local_rank, failure.pid, cause, kind, detected_at,
+                           exit_code=failure.exitcode, error=error, hang=hang_detail, progress=progress,
+                           stacks=captured if frames or captured.stack_error else None)
     state = RankState(
         rank=global_rank, local_rank=local_rank, node=evidence.node, group_rank=evidence.group_rank,
         pid=failure.pid, outcome=outcome, cause=cause,
@@ -257,16 +317,16 @@ def _explain(record: FailureRecord, state: RankState, root: RankState | None, co
                           default=None)
             record.kind = KIND_HANG
             record.cause = "hang: no progress while the other ranks waited for it in a collective"
-            record.detail["hang_kind"] = "found through another rank's timeout"
+            record.hang = HangDetail(FOUND_THROUGH_TIMEOUT)
             if seen_at is not None:
                 record.detected_at = seen_at
-        text = culprit.describe_root(root, record.detail.get("user_frame"), seen_at)
+        text = culprit.describe_root(root, record.user_frame, seen_at)
         others = culprit.collateral_text(collateral)
         record.explanation = f"{text}; {others}" if others else text
     else:
         record.role = COLLATERAL
         waiting = culprit.waiting_for(root, evidence.node, evidence.group_rank)
-        frames = record.detail.get("stack_frames") or []
+        frames = list(record.stacks.stack_frames) if record.stacks is not None else []
         where = ""
         ending = ending_reason(frames)
         if ending is not None:
@@ -281,11 +341,9 @@ def _explain(record: FailureRecord, state: RankState, root: RankState | None, co
                 where = f", blocked at {blocked}" + (f" (called from {user})" if user and user != blocked else "")
         record.explanation = f"stopped waiting for {waiting}{where}"
         if root is not None:
-            record.detail.update(root_rank=root.rank, root_node=root.node or None, root_group_rank=root.group_rank,
-                                 root_cause=root.cause, root_outcome=root.outcome)
-        if root is not None and root.outcome == LOST:
-            # rule 4 of launcher.decision.culprit: a node that sent no view; the others it names too
-            record.detail["lost_nodes"] = [{"group_rank": n.group_rank, "node": n.host} for n in root.lost_nodes]
+            # rule 4 of launcher.decision.culprit: a lost root is a node that sent no view; the others it names too
+            record.root = RootDetail(root.rank, root.node or None, root.group_rank, root.cause, root.outcome,
+                                     tuple(root.lost_nodes) if root.outcome == LOST else None)
 
 
 def _hang_kind(value: str) -> HangKind | str:

@@ -37,7 +37,7 @@ import logging
 import threading
 from typing import Any
 
-from launcher.decision.restart_policy import MIN_HEALTHY
+from ft_core.wire.restart_policies import RestartPolicyName
 from launcher.rendezvous import store_counter
 
 logger = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class MembershipHandler:
     def __init__(self, handler: Any, restart_policy: str) -> None:
         # set through __dict__ so that __getattr__ never sees these names missing
         self.__dict__["_handler"] = handler
-        self.__dict__["_min_healthy"] = restart_policy == MIN_HEALTHY
+        self.__dict__["_min_healthy"] = RestartPolicyName(restart_policy) is RestartPolicyName.MIN_HEALTHY
         self.__dict__["_round_members"] = None  # frozenset of this node's round, once joined
         self.__dict__["_spares"] = frozenset()  # the waiting nodes that did not count last time
         self.__dict__["_warned"] = False
@@ -119,7 +119,8 @@ class MembershipHandler:
         spares = frozenset() if participants < limit else new
         if spares and spares != self._spares:
             logger.info("rendezvous: %s node(s) wait as spares (%s: %s node(s) in the round, --nnodes %s %s); "
-                        "the workload goes on", len(spares), "min-healthy" if self._min_healthy else "no free slot",
+                        "the workload goes on", len(spares),
+                        RestartPolicyName.MIN_HEALTHY.value if self._min_healthy else "no free slot",
                         participants, limit_name, limit)
         self.__dict__["_spares"] = spares
         counted = len(restarting) + len(new - spares)

@@ -166,7 +166,7 @@ def test_records_name_the_root_first_and_the_remote_root_on_collateral():
     assert records[0].explanation.endswith("at /job/train.py:31 freeze_here; rank 0 stopped waiting for it")
     assert records[1].explanation == (f"stopped waiting for rank 1, blocked at {ALL_REDUCE[0]} (called from "
                                       f"{ALL_REDUCE[1]})")
-    assert records[1].detail["root_rank"] == 1 and records[0].detail["stack_file"] == "/logs/ft_stacks/r10.txt"
+    assert records[1].root.rank == 1 and records[0].stacks.stack_file == "/logs/ft_stacks/r10.txt"
 
 
 def test_a_rank_still_running_outside_any_collective_is_the_root_its_hung_peer_waited_for():
@@ -205,7 +205,7 @@ def test_a_root_on_another_node_makes_every_local_rank_collateral():
                               exchange=exchange)
     assert [s.rank for s in exchanged] == [0] and exchanged[0].event_at == T + 1.5
     record, = records
-    assert record.role == COLLATERAL and record.detail["root_node"] == "b"
+    assert record.role == COLLATERAL and record.root.node == "b"
     assert record.explanation == "stopped waiting for rank 5 on node b (node rank 1)"
 
 
@@ -366,10 +366,10 @@ def test_records_and_lines_of_a_lost_node():
     for record in records:
         assert record.explanation.startswith("stopped waiting for node node2 (group rank 1), which sent no report "
                                              "(lost or cut off), blocked at ")
-        assert (record.detail["root_rank"], record.detail["root_node"], record.detail["root_group_rank"],
-                record.detail["root_outcome"]) == (None, "node2", 1, LOST)
-        assert record.detail["lost_nodes"] == [{"group_rank": 1, "node": "node2"}]
-        assert record.detail["root_cause"].startswith("node node2 (group rank 1) sent no report within 2.0 s")
+        assert (record.root.rank, record.root.node, record.root.group_rank,
+                record.root.outcome) == (None, "node2", 1, LOST)
+        assert record.root.lost_nodes == (LostNode(1, "node2"),)
+        assert record.root.cause.startswith("node node2 (group rank 1) sent no report within 2.0 s")
     stream = io.StringIO()
     log = EventLog(None, node="node1", stream=stream)
     log.record_event(CycleStart(cycle=3))
@@ -387,7 +387,7 @@ def test_records_and_lines_of_a_lost_node():
         stopped_by_us=set(), cycle=3, now=T + 3, evidence=Evidence(node="node1", group_rank=0),
         exchange=lambda states: Exchanged([state(7, HANG, at=T + 2, last=T - 1, frames=FROZEN, node="node2",
                                                  group=1)], [], 2.0))
-    assert records[0].detail["root_rank"] == 7 and records[0].detail["root_outcome"] == HANG
+    assert records[0].root.rank == 7 and records[0].root.outcome == HANG
 
 
 def test_a_node_that_left_on_request_is_named_with_its_request_and_its_own_fingerprint():
@@ -403,7 +403,7 @@ def test_a_node_that_left_on_request_is_named_with_its_request_and_its_own_finge
                               now=T + 1, evidence=Evidence(node="a", group_rank=0, exits_seen_at={0: T + 0.2}),
                               exchange=exchange)
     (record,) = records
-    assert record.role == COLLATERAL and record.detail["root_outcome"] == LEFT
+    assert record.role == COLLATERAL and record.root.outcome == LEFT
     assert record.explanation == ("stopped waiting for rank 3 on node b (node rank 1), which was stopped: its node "
                                   "left the job (rank 3 (pid 7) requested ExcludeThisNode: slow)")
     assert describe_root(left) == "rank 3 was stopped: " + left.cause

@@ -17,6 +17,8 @@ from ft_core.monitor.deadlines import HangKind
 from ft_core.wire.messages import RankHang
 from launcher.decision.failures import (
     KIND_UNHEALTHY,
+    FailureRecord,
+    HangDetail,
     exit_text,
     failure_records,
     group_unhealthy_record,
@@ -83,9 +85,9 @@ def test_hang_details_and_detection_time_come_from_the_monitor():
     [record] = failure_records({5: failure(1, -9, pid=77)}, local_ranks={5: 1}, hangs={1: hang()},
                                stopped_by_us=set(), cycle=0, now=NOW)
     assert (record.rank, record.local_rank, record.pid, record.detected_at) == (5, 1, 77, NOW - 5)
-    assert record.detail == {"exit_code": -9, "hang_kind": HangKind.HEARTBEAT, "section": None, "elapsed": 2.0,
-                             "timeout": 1.0, "signal": "SIGKILL"}
-    assert record.detail["hang_kind"] is HangKind.HEARTBEAT
+    assert record.exit_code == -9 and record.error is None
+    assert record.hang == HangDetail(HangKind.HEARTBEAT, None, 2.0, 1.0, "SIGKILL")
+    assert record.hang.kind is HangKind.HEARTBEAT
 
 
 def test_the_event_record_of_a_hang_holds_the_monitors_kind_string(tmp_path):
@@ -123,13 +125,14 @@ def test_the_workers_own_error_is_recorded(tmp_path):
         "py_callstack": "...", "timestamp": "1700000000"}}}))
     [record] = failure_records({0: failure(0, 1, error_file=str(error_file))}, local_ranks={0: 0}, hangs={},
                                stopped_by_us=set(), cycle=0, now=NOW)
-    assert record.detail == {"exit_code": 1, "error": "RuntimeError: injected"}
+    assert (record.exit_code, record.error, record.hang, record.progress, record.stacks, record.root) == (
+        1, "RuntimeError: injected", None, None, None, None)
     assert record.cause == "exit code 1: RuntimeError: injected"  # the failure line carries it
     # without an error file torch makes up a placeholder: not recorded as the worker's error
     [record] = failure_records({0: failure(0, 1)}, local_ranks={0: 0}, hangs={}, stopped_by_us=set(), cycle=0, now=NOW)
-    assert "error" not in record.detail
+    assert record.error is None
     [record] = failure_records({0: failure(0, -9)}, local_ranks={0: 0}, hangs={}, stopped_by_us=set(), cycle=0, now=NOW)
-    assert "error" not in record.detail
+    assert record.error is None
 
 
 def test_worker_error_is_bounded():
@@ -147,3 +150,13 @@ def test_no_failures_gives_no_records_and_the_unhealthy_fallback_names_the_cycle
 def test_exit_text():
     assert exit_text(0) == "exit code 0"
     assert exit_text(-signal.SIGKILL) == "signal SIGKILL"
+
+
+def test_a_failure_record_is_typed_through_and_through():
+    # No free-form dict between the monitor and the event log (there was a `detail` dict, filled
+    # with detail.update(...), spread into the record and read back with .get): every field typed.
+    import typing
+
+    hints = typing.get_type_hints(FailureRecord)
+    loose = {name: hint for name, hint in hints.items() if "dict" in str(hint) or "Any" in str(hint)}
+    assert not loose, loose

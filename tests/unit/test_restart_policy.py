@@ -1,44 +1,25 @@
-"""The restart policy's decisions, table-driven (no agent, no store)."""
+"""The restart policy's questions, table-driven (no agent, no store); decide's rules are
+tests/unit/test_decide.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.decision.restart_policy import (
-    ANY_FAILED,
-    MIN_HEALTHY,
-    OUTCOME_EXCLUDED,
-    OUTCOME_SHUTDOWN,
-    RESTART,
-    STOP,
-    WAIT,
-    RestartPolicy,
-    outcome_decision,
-)
+from ft_core.wire.config import RESTART_POLICIES
+from ft_core.wire.restart_policies import RestartPolicyName
+from launcher.decision.restart_policy import RestartPolicy
+
+ANY_FAILED, MIN_HEALTHY = RestartPolicyName.ANY_FAILED, RestartPolicyName.MIN_HEALTHY
 
 
 @pytest.mark.parametrize(
-    ("policy", "min_nodes", "remaining", "maximum", "healthy", "action", "text"),
-    [
-        (ANY_FAILED, 1, 3, 3, None, RESTART, "restarting the worker group (restart 1/3)"),
-        (ANY_FAILED, 1, 1, 3, None, RESTART, "restart 3/3"),
-        (ANY_FAILED, 1, 0, 3, None, STOP, "no restarts left (--max-restarts=3); stopping"),
-        # any-failed ignores node health even when it is known
-        (ANY_FAILED, 1, 2, 2, 5, RESTART, "restart 1/2"),
-        # min-healthy: enough healthy nodes -> wait, even without restarts left
-        (MIN_HEALTHY, 2, 0, 3, 2, WAIT, "min-healthy: 2 healthy node(s) >= minimum 2"),
-        (MIN_HEALTHY, 2, 3, 3, 3, WAIT, "this node's workers are not restarted for now"),
-        # too few healthy nodes, or unknown: as any-failed
-        (MIN_HEALTHY, 2, 3, 3, 1, RESTART, "restart 1/3"),
-        (MIN_HEALTHY, 2, 3, 3, None, RESTART, "restart 1/3"),
-        (MIN_HEALTHY, 2, 0, 3, 1, STOP, "no restarts left"),
-    ],
+    ("policy", "min_nodes", "healthy", "waits"),
+    [(ANY_FAILED, 1, None, False), (ANY_FAILED, 1, 5, False),  # any-failed ignores node health
+     (MIN_HEALTHY, 2, 2, True), (MIN_HEALTHY, 2, 3, True),
+     (MIN_HEALTHY, 2, 1, False), (MIN_HEALTHY, 2, None, False)],  # too few or unknown: as any-failed
 )
-def test_decision_after_a_failure(policy, min_nodes, remaining, maximum, healthy, action, text):
-    decision = RestartPolicy(policy, min_nodes).on_failure(
-        remaining_restarts=remaining, max_restarts=maximum, healthy_nodes=healthy)
-    assert decision.action == action
-    assert text in decision.text
+def test_a_failure_waits_only_under_min_healthy_with_enough_healthy_nodes(policy, min_nodes, healthy, waits):
+    assert RestartPolicy(policy, min_nodes).waits_with(healthy) is waits
 
 
 @pytest.mark.parametrize(
@@ -56,13 +37,29 @@ def test_while_waiting_restart_once_too_few_nodes_are_healthy(healthy, restart):
 
 def test_invalid_policies_are_refused():
     with pytest.raises(ValueError, match="'never'"):
-        RestartPolicy("never")
+        RestartPolicy("never")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="min_nodes"):
         RestartPolicy(MIN_HEALTHY, 0)
 
 
-def test_outcome_decisions():
-    assert "no restart" in outcome_decision(OUTCOME_SHUTDOWN)
-    assert "leaving the job" in outcome_decision(OUTCOME_EXCLUDED)
-    with pytest.raises(ValueError):
-        outcome_decision("other")
+def test_the_config_names_are_the_policies():
+    # one definition: the config's accepted names, the launcher's policies
+    assert RESTART_POLICIES == ("any-failed", "min-healthy")
+    assert RestartPolicy("min-healthy").name is MIN_HEALTHY  # type: ignore[arg-type]
+
+
+def test_the_policy_names_are_written_once():
+    # A new policy is one member of RestartPolicyName and its rule in launcher/decision/: no
+    # other module spells a policy's name (they were in four: restart_policy.py, config.py,
+    # membership.py and the agent's checks).
+    import ast
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    names = {policy.value for policy in RestartPolicyName}
+    spelled = sorted(
+        str(path.relative_to(repo)) for package in ("ft_core", "launcher", "ptl_resiliency")
+        for path in (repo / package).rglob("*.py")
+        if any(isinstance(node, ast.Constant) and node.value in names
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))))
+    assert spelled == ["ft_core/wire/restart_policies.py"]

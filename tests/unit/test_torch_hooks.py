@@ -48,8 +48,12 @@ from tests.torch_source_checks import (
     LAUNCH_CONFIG_FIELDS_READ,
     LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT,
     MEMBERSHIP_HANDLER_ATTRIBUTES,
+    NOT_TORCH_PRIVATE_NAMES,
     OUR_AGENT_ARG_NAMES,
     TORCH_PRIVATE_ATTRIBUTES,
+    TORCH_PRIVATE_NAMES,
+    check_private_attributes,
+    check_private_names,
     run_checks,
     torchrun_run_fragments,
 )
@@ -166,9 +170,15 @@ def our_agent_source() -> ast.Module:
 
 
 def private_self_attributes(tree: ast.AST) -> set[str]:
-    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == "self"
-            and node.attr.startswith("_") and not node.attr.startswith("__")}
+    """``self._x`` and ``getattr(self, "_x", ...)`` (``hasattr``, ``setattr``) in ``tree``."""
+    named = {node.args[1].value for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+             and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"
+             and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)}
+    attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+                  and isinstance(node.value, ast.Name) and node.value.id == "self"}
+    return {name for name in named | attributes if name.startswith("_") and not name.startswith("__")}
 
 
 def ours_defined(tree: ast.Module) -> set[str]:
@@ -218,15 +228,11 @@ def test_private_attribute_values_after_construction():
 
 
 def test_nothing_outside_the_agent_reads_private_attributes_of_other_objects():
-    allowed = {"_exit", "_run_exitfuncs"}  # os._exit and atexit._run_exitfuncs (the warm template)
-    # The rendezvous poll wrapper; torch_source_checks.check_rendezvous_poll checks it on every
-    # supported torch release.
-    allowed_in = {"rendezvous/poll.py": {"_delay", "_state_holder", "_cache_duration"},
-                  "torch_compat.py": {"_shutdown"},  # its signature: does this torch's agent take a timeout
-                  # FT_STORE_COUNTS only (a debug counter): the handler's and its c10d backend's store
-                  "rendezvous/store_counter.py": {"_store"},
-                  # the rendezvous state (torch_source_checks.check_membership checks each on every release)
-                  "rendezvous/membership.py": set(MEMBERSHIP_HANDLER_ATTRIBUTES)}
+    # Each private torch name is listed with the torch module that has it (torch_source_checks
+    # checks them on every supported release); the standard library's are listed apart.
+    allowed = set(NOT_TORCH_PRIVATE_NAMES)
+    allowed_in = {module: set(names) for module, names in TORCH_PRIVATE_NAMES.items()}
+    assert set(MEMBERSHIP_HANDLER_ATTRIBUTES) == allowed_in["rendezvous/membership.py"]
     found = []
     for path in sorted(LAUNCHER.rglob("*.py")):
         name = path.relative_to(LAUNCHER).as_posix()
@@ -317,9 +323,13 @@ def test_config_from_args_gives_what_we_read(tmp_path):
                                          "--nproc-per-node", "1", "--log-dir", str(tmp_path), "train.py", "--x"])
     launch_config.apply_torchrun_defaults(args)
     config, entrypoint, entry_args = torch_run.config_from_args(args)
-    launch_config.supply_missing_fields(config)  # what torch < 2.12 lacks
     absent_in_this_torch = set(launch_config.WORKER_SPEC_FIELDS_SINCE) - torch_compat.WORKER_SPEC_FIELDS
-    missing = {name for name in LAUNCH_CONFIG_FIELDS_READ - absent_in_this_torch if not hasattr(config, name)}
+    # what torch < 2.12 lacks is read through launch_config_value
+    supplied = set(launch_config.LAUNCH_CONFIG_WITHOUT_FIELD) - torch_compat.LAUNCH_CONFIG_FIELDS
+    missing = {name for name in LAUNCH_CONFIG_FIELDS_READ - absent_in_this_torch - supplied
+               if not hasattr(config, name)}
+    for name in launch_config.LAUNCH_CONFIG_WITHOUT_FIELD:
+        assert launch_config.launch_config_value(config, name) is not None
     assert not missing, f"torch's LaunchConfig no longer has {sorted(missing)}"
     assert isinstance(entrypoint, str) and entry_args[0] == "-u" and entry_args[-2:] == ["train.py", "--x"]
 
@@ -405,12 +415,24 @@ def test_static_checks_find_a_rendezvous_that_picks_its_port_another_way(tmp_pat
 
 
 def test_torchs_log_lines_that_name_a_pid_are_the_ones_we_rewrite():
-    # launcher.agent._WorkerPidLogFilter makes these name the worker's own pid (under warm
+    # launcher.node.torch_logs._WorkerPidLogFilter makes these name the worker's own pid (under warm
     # restarts torch knows only the stand-in): the messages and argument positions must be torch's.
-    from launcher.agent import TORCH_PID_LINES, TORCH_PROCESS_LOGGER
+    from launcher.node.torch_logs import TORCH_PID_LINES, TORCH_PROCESS_LOGGER
 
     assert mp_api.logger.name == TORCH_PROCESS_LOGGER
     source = inspect.getsource(mp_api)
     for message, index in TORCH_PID_LINES.items():
         assert f'"{message}"' in source, message
         assert message.split("%s")[index].endswith(("pid: ", "process ")), message
+
+
+def test_static_checks_find_a_private_torch_name_that_is_not_listed(monkeypatch):
+    import tests.torch_source_checks as checks
+
+    src = checks.TorchSource(Path(dist.__file__).parents[1])
+    unlisted = {k: v for k, v in TORCH_PRIVATE_ATTRIBUTES.items() if k != "_pcontext"}
+    monkeypatch.setattr(checks, "TORCH_PRIVATE_ATTRIBUTES", unlisted)
+    assert any("'_pcontext'" in problem for problem in check_private_attributes(src))
+    without_poll = {k: v for k, v in TORCH_PRIVATE_NAMES.items() if k != "rendezvous/poll.py"}
+    monkeypatch.setattr(checks, "TORCH_PRIVATE_NAMES", without_poll)
+    assert any("rendezvous/poll.py" in problem and "_delay" in problem for problem in check_private_names(src))

@@ -1,0 +1,164 @@
+"""The facts of a failed cycle, gathered: records, exchanged views, healthy nodes, the crash loop.
+
+:class:`CycleFailures` is the agent's collaborator for everything between "a worker failed" and
+:func:`launcher.decision.decide.decide`: it counts the healthy nodes (min-healthy), turns
+torch's failures and the cycle's evidence into failure records while exchanging this node's
+view with the other nodes (:func:`launcher.decision.failures.failure_records`), feeds the
+cycle's root to the crash-loop guard (which keeps the history of failed cycles), and returns
+one :class:`~launcher.decision.facts.CycleFacts`. It also writes the records with the
+decision's reason, and publishes this node's leaving as its view. The rendezvous store is its
+only I/O (through :class:`~launcher.rendezvous.store_channel.StoreChannel`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from ft_core.wire.config import FaultToleranceConfig
+from launcher.decision import culprit
+from launcher.decision.crash_loop import CrashLoopGuard, CycleFailure, Fingerprint
+from launcher.decision.culprit import ROOT, LostNode, RankState
+from launcher.decision.facts import CycleFacts, WorkloadRequest
+from launcher.decision.failures import (
+    KIND_TERMINATED,
+    Exchanged,
+    FailureRecord,
+    failure_records,
+    group_unhealthy_record,
+)
+from launcher.decision.incident import CycleWatch
+from launcher.decision.restart_policy import RestartPolicy
+from launcher.events.log import EventLog
+from launcher.node.processes import WorkerProcesses
+from launcher.rendezvous.store_channel import StoreChannel
+
+STOPPED_BY_THE_LAUNCHER = "stopped by the launcher"
+"""The decision a collateral record stopped by the launcher carries instead of the cycle's."""
+
+
+class CycleFailures:
+    """Gathers the facts of failed cycles (see the module docstring).
+
+    Args:
+        policy: The node's restart policy.
+        ft_cfg: The config (the crash-loop guard's limits, ``no_restart_exit_code``).
+        channel: The cross-node channel of the current round.
+        events: Where the records go (its ``node`` names this node).
+        workers: The node's worker table (records name the workers' own pids).
+    """
+
+    def __init__(self, policy: RestartPolicy, ft_cfg: FaultToleranceConfig, channel: StoreChannel,
+                 events: EventLog, workers: WorkerProcesses) -> None:
+        self.policy = policy
+        self._no_restart_exit_code = ft_cfg.no_restart_exit_code
+        self._guard = CrashLoopGuard(ft_cfg.max_no_progress_cycles, ft_cfg.min_progress_iterations)
+        self._channel = channel
+        self._events = events
+        self._workers = workers
+        self.last_fingerprint: Fingerprint | None = None
+        """The root failure of the latest failed cycle (for the result file), None before one."""
+
+    def after_failure(self, worker_group: Any, failures: Mapping[int, Any], cycle: int, watch: CycleWatch,
+                      stopped_by_us: Collection[int], remaining_restarts: int) -> CycleFacts:
+        """The facts of a failed cycle: healthy nodes first (this node marked unhealthy), then the
+        records (the views exchanged), then the crash-loop guard's verdict on the cycle's root."""
+        healthy = None
+        if self.policy.checks_node_health(worker_group.group_world_size) and self._channel.mark_unhealthy(
+                worker_group.group_rank, cycle):
+            healthy = self._channel.healthy_nodes(worker_group.group_world_size, live_group_ranks(worker_group))
+        records = self.records(worker_group, failures, cycle, watch, stopped_by_us)
+        first = records[0]  # every record of a cycle carries its root's fingerprint (None: no root)
+        self.last_fingerprint = first.fingerprint
+        # One node fewer must still make a round (--nnodes MIN) for a node to leave instead of a stop.
+        can_lose_a_node = (worker_group.group_world_size or 1) - 1 >= self.policy.min_nodes
+        verdict = (self._guard.on_failure(
+            CycleFailure(cycle, first.fingerprint, first.root_step, self._root_node(first, worker_group),
+                         first.root_before_first_step),
+            can_lose_a_node) if first.fingerprint is not None else None)
+        return self._facts(worker_group, remaining_restarts, records=tuple(records), healthy_nodes=healthy,
+                           crash_loop=verdict)
+
+    def while_waiting(self, worker_group: Any, remaining_restarts: int) -> CycleFacts:
+        """The facts of a min-healthy re-check: the healthy nodes now."""
+        healthy = self._channel.healthy_nodes(worker_group.group_world_size, live_group_ranks(worker_group))
+        return self._facts(worker_group, remaining_restarts, waiting=True, healthy_nodes=healthy)
+
+    def at_request(self, worker_group: Any, remaining_restarts: int, request: WorkloadRequest | None,
+                   cause: str) -> CycleFacts:
+        """The facts when a workload control request decided the run."""
+        return self._facts(worker_group, remaining_restarts, request=request, request_cause=cause)
+
+    def _facts(self, worker_group: Any, remaining_restarts: int, **facts: Any) -> CycleFacts:
+        return CycleFacts(policy=self.policy, remaining_restarts=remaining_restarts,
+                          max_restarts=worker_group.spec.max_restarts,
+                          no_restart_exit_code=self._no_restart_exit_code, **facts)
+
+    def records(self, worker_group: Any, failures: Mapping[int, Any], cycle: int, watch: CycleWatch,
+                stopped_by_us: Collection[int]) -> list[FailureRecord]:
+        """This node's failure records of the cycle, the root first (the views exchanged)."""
+        now = time.time()
+        evidence = watch.evidence(self._events.node, worker_group.group_rank)
+        return failure_records(
+            failures, local_ranks={w.global_rank: w.local_rank for w in worker_group.workers},
+            hangs=watch.hangs, stopped_by_us=stopped_by_us, cycle=cycle, now=now,
+            evidence=evidence, exchange=lambda states: self._exchange_views(worker_group, states),
+        ) or [group_unhealthy_record(cycle, now)]
+
+    def write(self, records: Collection[FailureRecord], reason: str) -> None:
+        """Record each failure with the decision's ``reason`` and print its line."""
+        for record in records:
+            if record.pid is not None:  # torch's pid is the stand-in's under warm restarts
+                record = dataclasses.replace(record, pid=self._workers.worker_pid(record.pid))
+            self._events.failure(record, reason if record.kind != KIND_TERMINATED else STOPPED_BY_THE_LAUNCHER)
+
+    def publish_leaving(self, worker_group: Any, pids: Mapping[int, int], cause: str) -> None:
+        """Before this node kills its workers to leave: publish them as this node's view of the
+        failure its peers are about to see (rule 0 of :mod:`launcher.decision.culprit`), so that
+        the peers name this node's leaving as the root, not their own ranks whose collectives
+        fail, and do not wait for a view from a node that is gone. ``pids``: local rank -> pid
+        as torch started it."""
+        if (worker_group.group_world_size or 1) <= 1 or not self._channel.attached:
+            return
+        at = time.time()
+        left = f"its node left the job ({cause})"
+        own = {rank: self._workers.worker_pid(pid) for rank, pid in pids.items()}
+        states = [RankState(rank=w.global_rank, local_rank=w.local_rank, node=self._events.node,
+                            group_rank=worker_group.group_rank, pid=own.get(w.local_rank),
+                            outcome=culprit.LEFT, cause=left, event_at=at).to_json()
+                  for w in worker_group.workers]
+        self._channel.publish_view(worker_group.group_rank, states)
+
+    def _root_node(self, first: FailureRecord, worker_group: Any) -> str | None:
+        """The root's node as every node names it: its host and its rank in this round (the host
+        alone does not tell apart several launchers on one host); None if not known."""
+        if first.role == ROOT:
+            host, group_rank = self._events.node, worker_group.group_rank
+        elif first.root is not None:
+            host, group_rank = first.root.node, first.root.group_rank
+        else:
+            host, group_rank = None, None
+        if not host:
+            return None
+        return f"{host} (group rank {group_rank})" if group_rank is not None else str(host)
+
+    def _exchange_views(self, worker_group: Any, states: list[RankState]) -> Exchanged:
+        """Publish this node's ranks of the failed cycle; read the other nodes' (bounded) and
+        name the nodes that sent none (only if this node's own view got through)."""
+        nodes = worker_group.group_world_size or 1
+        if nodes <= 1 or not self._channel.attached:
+            return Exchanged()
+        published = self._channel.publish_view(worker_group.group_rank, [s.to_json() for s in states])
+        views = self._channel.gather_views(nodes, worker_group.group_rank)
+        remote = [RankState.from_json(item) for item in views.states]
+        lost = [LostNode(group_rank, host) for group_rank, host in views.missing.items()] if published else []
+        return Exchanged([state for state in remote if state is not None], lost, views.waited)
+
+
+def live_group_ranks(worker_group: Any) -> frozenset[int] | None:
+    """The round's nodes whose launcher is alive, from the membership proxy
+    (:mod:`launcher.rendezvous.membership`)."""
+    live = getattr(worker_group.spec.rdzv_handler, "live_group_ranks", None)
+    return live() if callable(live) else None
