@@ -33,12 +33,12 @@ from ft_core.wire.env import (
 )
 from ft_core.wire.reference_options import REFERENCE_ONLY_OPTIONS
 from launcher import exit_codes
+from launcher.exit_codes import LauncherUsageError
 from launcher.options import (
     DEFAULT_WORKERS_STOP_TIMEOUT,
     SOURCE_DEFAULT,
     SPELLINGS_ATTR,
     LauncherOptions,
-    UsageError,
     check_config_options,
     config_sources,
     torchrun_default,
@@ -308,7 +308,7 @@ def main(args: list[str] | None = None) -> None:
 
     try:
         outcome = launch(ns, ft_cfg, options)
-    except UsageError as err:
+    except LauncherUsageError as err:
         parser.error(str(err))
     if outcome.hard_exit:
         # A thread may still be inside torch's C++ store client: finalising the interpreter

@@ -30,6 +30,15 @@ an ft_launcher code; distinct from all of :data:`EXIT_CODES`."""
 AUTORESUME_ONLY_CODES = {"EXIT_NO_PROGRESS": AUTORESUME_EXIT_NO_PROGRESS}
 
 
+class LauncherUsageError(Exception):
+    """``ft_launcher``'s command line or environment cannot be run; nothing was started.
+
+    :func:`launcher.cli.main` prints the message as a usage error (exit :data:`EXIT_USAGE`). It
+    is here, beside its exit code, because the options, the event log and the run directory all
+    raise it (autoresume's own is :class:`launcher.resume.options.AutoresumeUsageError`).
+    """
+
+
 @dataclass(frozen=True)
 class ExitCode:
     """One row of the exit code table.

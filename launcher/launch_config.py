@@ -32,17 +32,19 @@ from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config,
 from ft_core.wire.config import MAX_SECONDS, ConfigError, parse_seconds, parse_seconds_or_off
 from ft_core.wire.config_values import short_repr
 from launcher import exit_codes
+from launcher.exit_codes import LauncherUsageError
 from launcher.node.path_checks import directory_problem
-from launcher.options import UsageError, torchrun_default
+from launcher.options import torchrun_default
 from launcher.rendezvous import barrier as barrier_rendezvous
 from launcher.rendezvous import master_port
+from launcher.rendezvous import plugin as rendezvous_plugin
 from launcher.rendezvous import poll as rendezvous_poll
 from launcher.rendezvous.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
 from launcher.torch_compat import LAUNCH_CONFIG_FIELDS, WORKER_SPEC_FIELDS
 
 logger = logging.getLogger(__name__)
 
-barrier_rendezvous.register()  # --rdzv-backend ft-barrier, through torch's registry
+rendezvous_plugin.register()  # --rdzv-backend ft-barrier, through torch's registry
 master_port.install()  # each round's workers' store port below the ephemeral range (no EADDRINUSE race)
 
 MAX_NPROC_PER_NODE = 1024
@@ -125,7 +127,7 @@ def read_launch_config(args: argparse.Namespace, run_dir: str) -> tuple[Any, Any
     ``run_dir`` is used and not advertised. The run gets a random id if ``--rdzv-id`` gave none.
 
     Raises:
-        UsageError: An invalid torchrun argument (torch's own checks and ours).
+        LauncherUsageError: An invalid torchrun argument (torch's own checks and ours).
     """
     apply_torchrun_defaults(args)
     temporary_logs = not keeps_torch_logs(args)
@@ -135,9 +137,9 @@ def read_launch_config(args: argparse.Namespace, run_dir: str) -> tuple[Any, Any
         config, entrypoint, entry_args = torch_run.config_from_args(args)
         check_worker_numbers(config)
     except (ValueError, AssertionError, ConfigError) as err:
-        raise UsageError(str(err) or "invalid torchrun arguments") from None
+        raise LauncherUsageError(str(err) or "invalid torchrun arguments") from None
     except OSError as err:  # torch's log directory (check_torchrun_arguments checked it already)
-        raise UsageError(f"cannot set up the workers' logs (--log-dir): {err}") from None
+        raise LauncherUsageError(f"cannot set up the workers' logs (--log-dir): {err}") from None
     finally:
         if temporary_logs:
             args.log_dir = None  # do not advertise the temporary log dir

@@ -53,13 +53,6 @@ string the user typed (``--ft-initial-rank-heartbeat-timeout``, ``--ft-param-...
 and the effective-config lines name an option as it was typed."""
 
 
-class UsageError(Exception):
-    """The command line or the launcher's environment cannot be run; nothing was started.
-
-    :func:`launcher.cli.main` prints the message as a usage error (exit 2).
-    """
-
-
 @functools.lru_cache(maxsize=1)
 def _torchrun_parser() -> argparse.ArgumentParser:
     return torch_run.get_args_parser()

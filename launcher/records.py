@@ -1,16 +1,11 @@
-"""The event log's schema at its documented path (``launcher.records.read_events``, docs/launcher.md).
+"""``launcher.records``, the event log schema's documented path (``launcher.records.read_events``).
 
-The code is :mod:`launcher.events.records`; every name of it can be read from here.
+The module lives at :mod:`launcher.events.records`; this path is the same module object (as the
+public paths of ``ft_core`` are), so every name, and every patch of one, is shared by both paths.
 """
 
-from typing import Any
+import sys
 
-from launcher.events import records as _records
-from launcher.events.records import SCHEMA_VERSION, EventRecord, read_events, schema_table
+from launcher.events import records as _module
 
-__all__ = ["SCHEMA_VERSION", "EventRecord", "read_events", "schema_table"]
-
-
-def __getattr__(name: str) -> Any:
-    # The record classes (CycleStart, Failure, ...) without listing all of them twice.
-    return getattr(_records, name)
+sys.modules[__name__] = _module

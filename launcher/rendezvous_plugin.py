@@ -1,9 +1,12 @@
-"""The ``torchrun.handlers`` entry point's path before the move (``launcher.rendezvous_plugin:torchrun_handler``).
+"""``launcher.rendezvous_plugin``, the ``torchrun.handlers`` entry point's path before the move.
 
-Installs made before :mod:`launcher.rendezvous.plugin` existed name this module in their entry
-points; like the new module it imports nothing heavy (torch loads it mid-import).
+Installs made before :mod:`launcher.rendezvous.plugin` existed name
+``launcher.rendezvous_plugin:torchrun_handler``; this path is the same module object, which
+imports nothing heavy (torch loads it in the middle of its own package import).
 """
 
-from launcher.rendezvous.plugin import create_ft_barrier_handler, torchrun_handler
+import sys
 
-__all__ = ["create_ft_barrier_handler", "torchrun_handler"]
+from launcher.rendezvous import plugin as _module
+
+sys.modules[__name__] = _module

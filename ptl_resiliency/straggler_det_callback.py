@@ -22,8 +22,8 @@ from ft_core.straggler.engine import DEFAULT_MIN_SAMPLES, StragglerEngine
 from ft_core.straggler.outcome import (
     ACTIONS,
     DEFAULT_REPLACE_AFTER,
-    Outcome,
     ReportHandler,
+    StragglerOutcome,
     request_node_exclusion,
     scores_summary,
 )
@@ -112,7 +112,7 @@ class StragglerDetectionCallback(Callback):
         self.action = "stop" if self.stop_if_detected else action
         self.replace_after = replace_after
         self.node_name = node_name
-        self.last_outcome: Optional[Outcome] = None  # the latest report's outcome on this rank
+        self.last_outcome: Optional[StragglerOutcome] = None  # the latest report's outcome on this rank
         self._engine: Optional[StragglerEngine] = None
         self._handler: Optional[ReportHandler] = None
         self._ckpt_hooks: Optional[CheckpointHooks] = None

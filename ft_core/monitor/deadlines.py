@@ -235,7 +235,7 @@ def earliest_deadline(timeouts: RankTimeouts, reading: SlotReading) -> Optional[
 
 
 @dataclass(frozen=True)
-class Verdict:
+class DeadlineCheck:
     """The outcome of :func:`check`: a passed deadline, or when to look again.
 
     Attributes:
@@ -248,7 +248,7 @@ class Verdict:
     wake_at: Optional[float] = None
 
 
-def check(timeouts: RankTimeouts, reading: SlotReading, now: float) -> Verdict:
+def check(timeouts: RankTimeouts, reading: SlotReading, now: float) -> DeadlineCheck:
     """Has a deadline passed at ``now``? If not, when must the slot be read again?
 
     The answer is the earlier of the earliest deadline and the look-again time (see the module
@@ -258,10 +258,10 @@ def check(timeouts: RankTimeouts, reading: SlotReading, now: float) -> Verdict:
     look_again = None if revisit is None else now + revisit
     deadline = earliest_deadline(timeouts, reading)
     if deadline is None:
-        return Verdict(wake_at=look_again)
+        return DeadlineCheck(wake_at=look_again)
     if now >= deadline.when:
-        return Verdict(hang=deadline)
-    return Verdict(wake_at=deadline.when if look_again is None else min(deadline.when, look_again))
+        return DeadlineCheck(hang=deadline)
+    return DeadlineCheck(wake_at=deadline.when if look_again is None else min(deadline.when, look_again))
 
 
 def was_suspended(planned_wake: float, woke: float, continued: bool,

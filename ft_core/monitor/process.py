@@ -3,10 +3,11 @@
 :class:`MonitorProcess` starts ``python -m ft_core.monitor.cli`` (a fresh interpreter that
 imports nothing heavy) and waits, through a pipe, until it listens. It offers the
 ``multiprocessing.Process`` interface (``pid``, ``is_alive``, ``join``, ``terminate``, ``kill``,
-``exitcode``), as does the ``multiprocessing`` shim :func:`start_with_multiprocessing`, which
-runs :meth:`RankMonitorServer.run` in a ``Process`` of a given context. Both are reached through
+``exitcode``), as does the ``multiprocessing`` shim
+:func:`ft_core.monitor.server.start_with_multiprocessing`. Both are reached through
 :meth:`RankMonitorServer.run_in_subprocess`; the launcher uses :class:`MonitorProcess` directly
-to start several monitors at once.
+to start several monitors at once. This module does not import the server: the server starts
+through it.
 
 A monitor process receives ``cfg.sent_to(Role.MONITOR)``: the fields it uses and those it hands
 to its rank, never the launcher's own (``restart_policy``).
@@ -20,12 +21,12 @@ import os
 import selectors
 import subprocess
 import sys
-from typing import Any
 
-from ft_core.monitor.server import RankMonitorServer
 from ft_core.wire.config import FaultToleranceConfig, Role
 
 CLI_MODULE = "ft_core.monitor.cli"
+MONITOR_READY_TIMEOUT = 30.0
+"""Seconds a started monitor has to listen on its socket (``RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT``)."""
 
 
 class MonitorProcess:
@@ -43,7 +44,7 @@ class MonitorProcess:
     ) -> MonitorProcess:
         """Start a monitor and wait until it listens (see ``run_in_subprocess``)."""
         handle = cls.spawn(cfg, socket_path, is_restarter_logger, extra_args)
-        handle.wait_ready(RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT)
+        handle.wait_ready(MONITOR_READY_TIMEOUT)
         return handle
 
     @classmethod
@@ -148,33 +149,3 @@ class MonitorProcess:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self._popen.kill()
-
-
-def start_with_multiprocessing(
-    cfg: FaultToleranceConfig, socket_path: str, is_restarter_logger: bool, mp_ctx: Any
-) -> Any:
-    """Run :meth:`RankMonitorServer.run` in a daemon ``Process`` of ``mp_ctx``; wait until ready.
-
-    Returns:
-        The started ``multiprocessing.Process``.
-
-    Raises:
-        RuntimeError: Not ready within ``RANK_MONITOR_INIT_TIMEOUT`` (the process is killed).
-    """
-    ready = mp_ctx.Event()
-    process = mp_ctx.Process(
-        target=RankMonitorServer.run,
-        kwargs={
-            "cfg": FaultToleranceConfig.as_received(cfg.sent_to(Role.MONITOR), Role.MONITOR),
-            "ipc_socket_path": socket_path,
-            "rank_monitor_ready_event": ready,
-            "is_restarter_logger": is_restarter_logger,
-        },
-        daemon=True,
-    )
-    process.start()
-    if not ready.wait(RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT):
-        process.kill()
-        process.join(5)
-        raise RuntimeError(f"rank monitor for {socket_path} did not start in time")
-    return process

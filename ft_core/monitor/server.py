@@ -40,6 +40,7 @@ from typing import Any, Optional
 
 from ft_core.monitor import deadlines
 from ft_core.monitor.message_server import Connection, MessageServer
+from ft_core.monitor.process import MONITOR_READY_TIMEOUT, MonitorProcess
 from ft_core.monitor.session import RankSession
 from ft_core.monitor.termination import Escalations, signal_rank
 from ft_core.wire import messages, protocol, stacks
@@ -78,7 +79,7 @@ class RankMonitorServer:
             and this monitor's log).
     """
 
-    RANK_MONITOR_INIT_TIMEOUT = 30.0
+    RANK_MONITOR_INIT_TIMEOUT = MONITOR_READY_TIMEOUT
 
     def __init__(
         self,
@@ -172,14 +173,11 @@ class RankMonitorServer:
             RuntimeError: The monitor did not become ready within
                 ``RANK_MONITOR_INIT_TIMEOUT`` seconds.
         """
-        # Imported here: the process handle imports this module (its multiprocessing target).
-        from ft_core.monitor import process as monitor_process
-
         ipc_socket_path = os.path.abspath(ipc_socket_path)
         protocol.prepare_socket_path(ipc_socket_path)
         if mp_ctx is not None:
-            return monitor_process.start_with_multiprocessing(cfg, ipc_socket_path, is_restarter_logger, mp_ctx)
-        return monitor_process.MonitorProcess.start(cfg, ipc_socket_path, is_restarter_logger)
+            return start_with_multiprocessing(cfg, ipc_socket_path, is_restarter_logger, mp_ctx)
+        return MonitorProcess.start(cfg, ipc_socket_path, is_restarter_logger)
 
     def serve_forever(self, ready_fd: int | None = None, on_ready: Any = None) -> int:
         """Listen and watch until told to stop.
@@ -351,10 +349,10 @@ class RankMonitorServer:
         session = self._session
         if session is None or not pid_alive(session.pid):
             return messages.StacksCaptured(
-                stacks=messages.StackCapture(stack_error="no live rank is attached to this monitor"))
+                stacks=messages.StackSummary(stack_error="no live rank is attached to this monitor"))
         return messages.StacksCaptured(**session.identity(), stacks=self._capture(session, reason))
 
-    def _capture(self, session: RankSession, reason: str) -> messages.StackCapture:
+    def _capture(self, session: RankSession, reason: str) -> messages.StackSummary:
         return session.capture_stacks(self.cfg.stack_capture_budget or 0.0, self.stacks_dir,
                                       f"on node {self.hostname}, cycle {self._cycle}: {reason}",
                                       "" if self._cycle is None else f"cycle{self._cycle}_")
@@ -522,7 +520,7 @@ class RankMonitorServer:
         for killed in self._escalations.run_due(now):
             logger.error("rank %s (pid %s) was still alive %.1f s after %s; sent SIGKILL to its process group",
                          killed.get("rank"), killed["pid"], killed["after"], self.cfg.rank_termination_signal.name)
-            self._notify_launcher(messages.RankEscalated.from_wire(killed))
+            self._notify_launcher(messages.RankEscalatedMessage.from_wire(killed))
         return self._escalations.next_due()
 
 
@@ -561,3 +559,33 @@ def _graceful_stop_fields(message: dict[str, Any]) -> dict[str, Any]:
     if isinstance(signal_name, str) and _SIGNAL_NAME.fullmatch(signal_name):
         found["stop_signal"] = signal_name
     return {**found, **step("stop_run_steps")}
+
+
+def start_with_multiprocessing(
+    cfg: FaultToleranceConfig, socket_path: str, is_restarter_logger: bool, mp_ctx: Any
+) -> Any:
+    """Run :meth:`RankMonitorServer.run` in a daemon ``Process`` of ``mp_ctx``; wait until ready.
+
+    Returns:
+        The started ``multiprocessing.Process``.
+
+    Raises:
+        RuntimeError: Not ready within ``MONITOR_READY_TIMEOUT`` (the process is killed).
+    """
+    ready = mp_ctx.Event()
+    process = mp_ctx.Process(
+        target=RankMonitorServer.run,
+        kwargs={
+            "cfg": FaultToleranceConfig.as_received(cfg.sent_to(Role.MONITOR), Role.MONITOR),
+            "ipc_socket_path": socket_path,
+            "rank_monitor_ready_event": ready,
+            "is_restarter_logger": is_restarter_logger,
+        },
+        daemon=True,
+    )
+    process.start()
+    if not ready.wait(MONITOR_READY_TIMEOUT):
+        process.kill()
+        process.join(5)
+        raise RuntimeError(f"rank monitor for {socket_path} did not start in time")
+    return process

@@ -24,7 +24,7 @@ from ft_core.monitor.message_server import Connection
 from ft_core.wire import protocol, stacks
 from ft_core.wire.config import ConfigError, FaultToleranceConfig, parse_seconds
 from ft_core.wire.errors import ProtocolError
-from ft_core.wire.messages import Progress, RankHang, StackCapture
+from ft_core.wire.messages import Progress, RankHang, StackSummary
 from ft_core.wire.procfs import read_stat
 from ft_core.wire.progress_slot import ProgressSlot
 from ft_core.wire.stacks import StackTarget
@@ -131,7 +131,7 @@ class RankSession:
         """``rank``, ``local_rank`` and ``pid``, as the launcher's messages name a rank."""
         return {"rank": self.info.get("rank"), "local_rank": self.info.get("local_rank"), "pid": self.pid}
 
-    def capture_stacks(self, budget: float, stacks_dir: str | None, context: str, file_prefix: str) -> StackCapture:
+    def capture_stacks(self, budget: float, stacks_dir: str | None, context: str, file_prefix: str) -> StackSummary:
         """Capture the rank's stacks within ``budget`` s (see :func:`ft_core.wire.stacks.capture`).
 
         With ``stacks_dir`` the whole dump goes to a file there (its header names the rank and
@@ -157,7 +157,7 @@ class RankSession:
                 path, error = stacks.write_stack_file(stacks_dir, name, header, result)
             else:
                 logger.error("%s: stacks (%s):\n%s", self.describe(), result.method, result.text)
-        return StackCapture(stack_file=path, stack_frames=list(result.frames), stack_error=error,
+        return StackSummary(stack_file=path, stack_frames=list(result.frames), stack_error=error,
                             stack_method=result.method, stack_seconds=result.seconds)
 
     def apply_update(self, message: dict[str, Any]) -> None:

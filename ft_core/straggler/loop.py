@@ -24,7 +24,7 @@ from typing import Optional
 import torch
 
 from ft_core.straggler.engine import DEFAULT_MIN_SAMPLES, SCORE_NAMES, StragglerEngine
-from ft_core.straggler.outcome import DEFAULT_REPLACE_AFTER, Outcome, ReportHandler, request_node_exclusion
+from ft_core.straggler.outcome import DEFAULT_REPLACE_AFTER, ReportHandler, StragglerOutcome, request_node_exclusion
 
 __all__ = ["StragglerLoop"]
 
@@ -56,7 +56,7 @@ class StragglerLoop:
                                       min_samples=min_samples)
         self.handler = ReportHandler(relative_threshold, individual_threshold, num_to_print, action, replace_after,
                                      logger)
-        self.last_outcome: Optional[Outcome] = None
+        self.last_outcome: Optional[StragglerOutcome] = None
         self._leave_reason: Optional[str] = None
         self._left = False
 
@@ -65,7 +65,7 @@ class StragglerLoop:
         ddp = model if isinstance(model, torch.nn.parallel.DistributedDataParallel) else None
         return self.engine.timer.attach(ddp.module if ddp is not None else model)
 
-    def on_training_step_end(self) -> Optional[Outcome]:
+    def on_training_step_end(self) -> Optional[StragglerOutcome]:
         """Call after every training step on every rank: the outcome at report steps (a collective), else None."""
         if not self.engine.exchange.due(self.engine.timer.steps):
             return None

@@ -28,7 +28,7 @@ from ft_core.straggler.scores import Report, StragglerId, Streaks
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIONS", "DEFAULT_REPLACE_AFTER", "Outcome", "ReportHandler", "reference_scores_lines",
+__all__ = ["ACTIONS", "DEFAULT_REPLACE_AFTER", "StragglerOutcome", "ReportHandler", "reference_scores_lines",
            "request_node_exclusion"]
 
 ACTIONS = ("report", "stop", "replace")
@@ -37,7 +37,7 @@ DEFAULT_REPLACE_AFTER = 3
 
 
 @dataclasses.dataclass(frozen=True)
-class Outcome:
+class StragglerOutcome:
     """One report's result on this rank.
 
     Attributes:
@@ -113,7 +113,7 @@ class ReportHandler:
         self.rank_streaks = Streaks()
         self.node_streaks = Streaks()
 
-    def handle(self, report: Report, rank: int, local_rank: int) -> Outcome:
+    def handle(self, report: Report, rank: int, local_rank: int) -> StragglerOutcome:
         """Flag, log, send the events (local rank 0) and decide; the same decision on every rank."""
         found = report.identify_stragglers(
             gpu_rel_threshold=self.relative_threshold if self.relative_threshold is not None else -math.inf,
@@ -127,7 +127,7 @@ class ReportHandler:
         node_counts = self.node_streaks.update(nodes)
         replace = frozenset(n for n, c in node_counts.items() if c >= self.replace_after) \
             if self.action == "replace" else frozenset()
-        outcome = Outcome(relative, individual, nodes, self.action == "stop" and bool(relative or individual),
+        outcome = StragglerOutcome(relative, individual, nodes, self.action == "stop" and bool(relative or individual),
                           replace)
         if rank == 0:
             self._log(report, outcome)
@@ -135,7 +135,7 @@ class ReportHandler:
             self._send(report, outcome)
         return outcome
 
-    def _log(self, report: Report, outcome: Outcome) -> None:
+    def _log(self, report: Report, outcome: StragglerOutcome) -> None:
         rel, ind = report.gpu_relative_perf_scores, report.gpu_individual_perf_scores
         if self.num_to_print > 0:
             for heading, scores, on in (("GPU relative performance:", rel, self.relative_threshold is not None),
@@ -165,7 +165,7 @@ class ReportHandler:
                              "after the next checkpoint (ExcludeThisNode)", sorted(outcome.replace_nodes),
                              self.replace_after)
 
-    def entries(self, report: Report, outcome: Outcome, node: str) -> list[dict[str, Any]]:
+    def entries(self, report: Report, outcome: StragglerOutcome, node: str) -> list[dict[str, Any]]:
         """The launcher entries for ``node``'s flagged ranks and for ``node`` itself if flagged."""
         rel, ind = report.gpu_relative_perf_scores, report.gpu_individual_perf_scores
         action = "stop" if outcome.stop else "replace" if node in outcome.replace_nodes else "report"
@@ -182,7 +182,7 @@ class ReportHandler:
                         "consecutive": self.node_streaks.count(node), "action": action})
         return out
 
-    def _send(self, report: Report, outcome: Outcome) -> None:
+    def _send(self, report: Report, outcome: StragglerOutcome) -> None:
         node = report.rank_to_node.get(report.rank if report.rank is not None else 0, "")
         entries = self.entries(report, outcome, node)
         if not entries:

@@ -87,7 +87,7 @@ class Progress:
 
 
 @dataclass(frozen=True, kw_only=True)
-class StackCapture:
+class StackSummary:
     """A rank's stacks as its monitor took them (see :func:`ft_core.wire.stacks.capture`).
 
     Attributes:
@@ -145,7 +145,7 @@ class RankHang(Message):
     detected_at: float
     heartbeats: int | None = None
     progress: Progress | None = None
-    stacks: StackCapture | None = field(default=None, metadata=meta(flatten=True))
+    stacks: StackSummary | None = field(default=None, metadata=meta(flatten=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,7 +162,7 @@ class RankConnected(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
-class RankEscalated(Message):
+class RankEscalatedMessage(Message):
     """``rank_escalated``: a hung rank outlived its termination signal by ``after`` seconds and
     its monitor sent ``signal`` (SIGKILL) to its process group."""
 
@@ -232,7 +232,7 @@ class StacksCaptured(Message):
     rank: int | None = None
     local_rank: int | None = None
     pid: int | None = None
-    stacks: StackCapture = field(default_factory=StackCapture, metadata=meta(flatten=True))
+    stacks: StackSummary = field(default_factory=StackSummary, metadata=meta(flatten=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,7 +314,7 @@ class CaptureStacks(Message):
 
 MESSAGES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (
-        RankHang, RankConnected, RankEscalated, RankFinished, Pong, ProgressReport, StacksCaptured, Ok, Error,
+        RankHang, RankConnected, RankEscalatedMessage, RankFinished, Pong, ProgressReport, StacksCaptured, Ok, Error,
         MonitorLost,
         LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks,
     )
@@ -339,6 +339,6 @@ def decode(data: Mapping[str, Any]) -> Message:
     return cls.from_wire(data)
 
 
-def with_stacks(hang: RankHang, stacks: StackCapture) -> RankHang:
+def with_stacks(hang: RankHang, stacks: StackSummary) -> RankHang:
     """``hang`` with its stacks added (the monitor takes them after building the report)."""
     return dataclasses.replace(hang, stacks=stacks)

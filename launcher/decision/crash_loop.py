@@ -147,7 +147,7 @@ class CycleFailure:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CrashLoopVerdict:
     """The guard's answer after a failed cycle.
 
     Attributes:
@@ -197,7 +197,7 @@ class CrashLoopGuard:
         """The current run of repeated failures, oldest first."""
         return tuple(self._run)
 
-    def on_failure(self, failure: CycleFailure, can_lose_a_node: bool = False) -> Verdict:
+    def on_failure(self, failure: CycleFailure, can_lose_a_node: bool = False) -> CrashLoopVerdict:
         """Note a failed cycle and say whether to stop restarting, or which node must leave.
 
         Args:
@@ -207,7 +207,7 @@ class CrashLoopGuard:
         Returns:
             A stop when the failure repeats without progress, unless every failure of the run had
             its root on one node, this fingerprint made no node leave before and
-            ``can_lose_a_node``: then :attr:`Verdict.exclude` names that node (no stop). The run
+            ``can_lose_a_node``: then :attr:`CrashLoopVerdict.exclude` names that node (no stop). The run
             goes on after that: the next repeat without progress stops (another node, a bug).
         """
         last = self._run[-1] if self._run else None
@@ -217,15 +217,15 @@ class CrashLoopGuard:
             self._run = [failure]
         run = tuple(self._run)
         if self.max_cycles == 0 or len(run) < self.max_cycles:
-            return Verdict(False, run)
+            return CrashLoopVerdict(False, run)
         left = self._left.get(failure.fingerprint)
         if left is not None:
-            return Verdict(True, run, self._text(run, left))
+            return CrashLoopVerdict(True, run, self._text(run, left))
         nodes = {f.node for f in run}
         if can_lose_a_node and len(nodes) == 1 and failure.node is not None:
             self._left[failure.fingerprint] = failure
-            return Verdict(False, run, self._exclusion_text(run), exclude=failure.node)
-        return Verdict(True, run, self._text(run))
+            return CrashLoopVerdict(False, run, self._exclusion_text(run), exclude=failure.node)
+        return CrashLoopVerdict(True, run, self._text(run))
 
     def on_progress(self) -> None:
         """Forget the run: the workers got past where they failed (a cycle that succeeded)."""

@@ -43,7 +43,7 @@ def about_an_earlier_worker(event: messages.Message, worker_pid: int | None) -> 
     the agent reads only after the restart (e.g. a collateral rank whose own timeout fired while
     the launcher was stopping it). It must not fail the new cycle nor blame the new worker.
     A report without a pid, or a rank whose worker is not known, is taken as current."""
-    pid = event.pid if isinstance(event, (RankHang, messages.RankEscalated)) else None
+    pid = event.pid if isinstance(event, (RankHang, messages.RankEscalatedMessage)) else None
     if worker_pid is None or pid is None:
         return False
     return pid != worker_pid

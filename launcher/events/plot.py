@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.events.records import ROLE_ROOT, Straggler
-from launcher.events.report import Report, ReportError, _failed_at, _origin, _seconds, failure_kind, role
+from launcher.events.runs import ReportError, RunReport, failed_at, failure_kind, role, seconds_text, timeline_origin
 
 MAX_LABELS = 60
 """Most text labels of one kind on a chart; with more, none of that kind is written."""
@@ -72,7 +72,7 @@ def thin_points(points: Iterable[tuple[float, float]], resolution: float) -> tup
     return [x for x, _ in seen.values()], [y for _, y in seen.values()]
 
 
-def draw(report: Report, values: dict[str, Any], path: str | Path) -> None:
+def draw(report: RunReport, values: dict[str, Any], path: str | Path) -> None:
     """Draw the timeline to ``path`` (PNG, SVG or PDF by its suffix).
 
     Raises:
@@ -87,7 +87,7 @@ def draw(report: Report, values: dict[str, Any], path: str | Path) -> None:
         from matplotlib.patches import Patch
     except ImportError:
         raise ReportError("--plot needs matplotlib: pip install 'ptl-resiliency[plot]'") from None
-    origin = _origin(report)
+    origin = timeline_origin(report)
     nodes = sorted({r.node for r in report.runs})
     rows = {node: index for index, node in enumerate(nodes)}
     end = max([r.ended for r in report.runs] + [a.end or a.start or origin for a in report.attempts]) - origin
@@ -125,14 +125,14 @@ def draw(report: Report, values: dict[str, Any], path: str | Path) -> None:
 
     # collateral first, so that the root causes are drawn on top
     spacing = max(end, 1.0) / MARKER_COLUMNS
-    xs, ys = thin_points(((_failed_at(f) - origin, y + 0.14) for y, f in failures if role(f) != ROLE_ROOT),
+    xs, ys = thin_points(((failed_at(f) - origin, y + 0.14) for y, f in failures if role(f) != ROLE_ROOT),
                          spacing)
     ax.scatter(xs, ys, marker="o", s=36, c=_COLLATERAL, edgecolors="black", zorder=3)
-    xs, ys = thin_points(((_failed_at(f) - origin, y) for y, f in roots), spacing)
+    xs, ys = thin_points(((failed_at(f) - origin, y) for y, f in roots), spacing)
     ax.scatter(xs, ys, marker="X", s=121, c=_ROOT, edgecolors="black", zorder=4)
     if len(roots) <= MAX_LABELS:
         for y, failure in roots:
-            ax.text(_failed_at(failure) - origin, y - 0.3, failure_kind(failure), fontsize=8, ha="center", va="top",
+            ax.text(failed_at(failure) - origin, y - 0.3, failure_kind(failure), fontsize=8, ha="center", va="top",
                     color="#b71c1c", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
     stragglers = [(rows[run.node], record) for run in report.runs for record in run.events
                   if isinstance(record, Straggler)]
@@ -150,7 +150,7 @@ def draw(report: Report, values: dict[str, Any], path: str | Path) -> None:
     ax.set_xlabel("seconds since the run started")
     goodput = "-" if values["goodput"] is None else f"{values['goodput']:.2f}"
     ax.set_title(f"{values['failures']} failure(s), {values['cycles']} cycle(s); goodput <= {goodput}, "
-                 f"mean time to recover {_seconds(values['mttr_s'])}")
+                 f"mean time to recover {seconds_text(values['mttr_s'])}")
     ax.legend(handles=[Patch(color=_STARTING, label="workers starting"), Patch(color=_UP, label="workers up"),
                        Line2D([], [], marker="X", color=_ROOT, markeredgecolor="black", linestyle="none",
                               markersize=10, label="failure (root cause)"),

@@ -27,7 +27,7 @@ from ft_core.wire.env import (
     FT_LAUNCHER_RUN_ENV_VAR,
 )
 from launcher.attempt_result import check_result_path
-from launcher.options import UsageError
+from launcher.exit_codes import LauncherUsageError
 
 SHARE_STORE_ENV = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 """torch's switch (read by its c10d rendezvous) for a fresh store per rendezvous round."""
@@ -63,7 +63,7 @@ def set_up_environment(signals_to_handle: str,
         signals_to_handle: torchrun's ``--signals-to-handle`` (comma-separated names).
 
     Raises:
-        UsageError: An autoresume variable with an invalid value (named, value echoed);
+        LauncherUsageError: An autoresume variable with an invalid value (named, value echoed);
             ``environ`` is then left as it was.
     """
     environ = os.environ if environ is None else environ
@@ -73,13 +73,13 @@ def set_up_environment(signals_to_handle: str,
         try:
             os.fstat(keep_fd)
         except OSError:
-            raise UsageError(f"{FT_LAUNCHER_KEEP_FD_ENV_VAR} must be an open file descriptor >= 3, "
+            raise LauncherUsageError(f"{FT_LAUNCHER_KEEP_FD_ENV_VAR} must be an open file descriptor >= 3, "
                              f"got {environ[FT_LAUNCHER_KEEP_FD_ENV_VAR]!r}") from None
     result_file = environ.get(FT_LAUNCHER_RESULT_FILE_ENV_VAR) or None
     if result_file is not None:
         problem = check_result_path(result_file)
         if problem:
-            raise UsageError(f"{FT_LAUNCHER_RESULT_FILE_ENV_VAR} {problem}")
+            raise LauncherUsageError(f"{FT_LAUNCHER_RESULT_FILE_ENV_VAR} {problem}")
     for name in (FT_LAUNCHER_PARENT_PID_ENV_VAR, FT_LAUNCHER_KEEP_FD_ENV_VAR, FT_LAUNCHER_RESULT_FILE_ENV_VAR):
         environ.pop(name, None)
     token = f"{os.getpid()}-{uuid.uuid4().hex}"
@@ -99,5 +99,5 @@ def _number(environ: MutableMapping[str, str], name: str, minimum: int, what: st
     except ValueError:
         value = minimum - 1
     if value < minimum:
-        raise UsageError(f"{name} must be {what}, got {raw!r}")
+        raise LauncherUsageError(f"{name} must be {what}, got {raw!r}")
     return value

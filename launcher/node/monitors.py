@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ft_core.monitor.link import MonitorLink
-from ft_core.monitor.process import MonitorProcess
-from ft_core.monitor.server import RankMonitorServer
+from ft_core.monitor.process import MONITOR_READY_TIMEOUT, MonitorProcess
 from ft_core.wire import messages
 from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.osutil import signals_blocked
@@ -103,7 +102,7 @@ class MonitorPool:
                                     *extra],
                     )
             for local_rank, process in spawned.items():
-                process.wait_ready(RankMonitorServer.RANK_MONITOR_INIT_TIMEOUT)
+                process.wait_ready(MONITOR_READY_TIMEOUT)
                 self._slots[local_rank] = _Slot(local_rank, process.socket_path, process,
                                                 MonitorLink(process.socket_path))
         except BaseException:

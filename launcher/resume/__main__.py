@@ -150,7 +150,7 @@ def step_config(args: Sequence[str], env: Mapping[str, str]) -> int:
         warn_if_not_exec(env)
         options.validate(opts, env)
         job = options.inspect_slurm_job(opts, env) if opts.mode == "slurm" else None
-    except options.UsageError as err:
+    except options.AutoresumeUsageError as err:
         sys.stderr.write(f"{PROG}: error: {err}\nTry '{PROG} --help'.\n")
         return EXIT_USAGE
     except options.Fatal as err:
@@ -239,7 +239,7 @@ def read_node_reports(results: str, nnodes: int) -> list[policy.NodeReport | Non
 
 
 @dataclass
-class Outcome:
+class AttemptOutcome:
     """How an attempt ended, over all its nodes: what the decision and the node history need."""
 
     rc: int
@@ -248,7 +248,7 @@ class Outcome:
     nodes: policy.NodesOutcome
 
 
-def attempt_outcome(settings: Settings, extra: dict[str, str], attempt: int) -> Outcome:
+def attempt_outcome(settings: Settings, extra: dict[str, str], attempt: int) -> AttemptOutcome:
     """The attempt's exit code, signals, blamed nodes and fingerprint, from the step's arguments
     and the launchers' files in ``--results`` (local mode: one launcher, node 0)."""
     warned, terminated = extra.get("warned", ""), extra.get("terminated", "")
@@ -261,7 +261,7 @@ def attempt_outcome(settings: Settings, extra: dict[str, str], attempt: int) -> 
             logger.info("attempt %s: %s", attempt, note)
         logger.info("attempt %s: launchers exited %s (srun %s)", attempt,
                     " ".join(f"{node}:{code}" for node, code in nodes.codes), srun_rc)
-        return Outcome(nodes.rc, warned or nodes.warned, terminated or nodes.terminated, nodes)
+        return AttemptOutcome(nodes.rc, warned or nodes.warned, terminated or nodes.terminated, nodes)
     rc = int(extra["rc"])
     nodes = policy.NodesOutcome(rc=rc)
     if extra.get("results"):
@@ -272,7 +272,7 @@ def attempt_outcome(settings: Settings, extra: dict[str, str], attempt: int) -> 
         # Local mode never excludes a node: the roots are kept for the history alone.
         nodes.roots = list(result.roots)
         nodes.fingerprint, nodes.fingerprint_text = result.fingerprint, result.fingerprint_text
-    return Outcome(rc, warned, terminated, nodes)
+    return AttemptOutcome(rc, warned, terminated, nodes)
 
 
 def attempt_events(attempt: int, failed: bool, progressed: bool,

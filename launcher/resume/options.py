@@ -36,7 +36,7 @@ _OPTIONS = {
 }
 
 
-class UsageError(Exception):
+class AutoresumeUsageError(Exception):
     """A bad option or environment variable, or a job the script cannot continue: exit 2."""
 
 
@@ -101,7 +101,7 @@ def parse_args(args: Sequence[str], opts: Options) -> Options:
     """Apply the command line ``args`` to ``opts`` (in place) and return it.
 
     Raises:
-        UsageError: An unknown option, or an option without its value.
+        AutoresumeUsageError: An unknown option, or an option without its value.
     """
     i = 0
     while i < len(args):
@@ -112,7 +112,7 @@ def parse_args(args: Sequence[str], opts: Options) -> Options:
         name, eq, value = arg.partition("=")
         if arg in _OPTIONS:
             if i + 1 >= len(args):
-                raise UsageError(f"option {arg} needs a value")
+                raise AutoresumeUsageError(f"option {arg} needs a value")
             key, value, i = _OPTIONS[arg], args[i + 1], i + 2
         elif eq and name.startswith("--") and name in _OPTIONS:
             key, i = _OPTIONS[name], i + 1
@@ -120,7 +120,7 @@ def parse_args(args: Sequence[str], opts: Options) -> Options:
             opts.command = list(args[i + 1:])
             return opts
         elif arg.startswith("-"):
-            raise UsageError(f"unknown option '{arg}'")
+            raise AutoresumeUsageError(f"unknown option '{arg}'")
         else:
             opts.command = list(args[i:])
             return opts
@@ -137,7 +137,7 @@ def parse_args(args: Sequence[str], opts: Options) -> Options:
 
 def _count(value: str, low: int, high: int, message: str) -> int:
     if not is_count(value) or not low <= int(value) <= high:
-        raise UsageError(f"{message}, got '{value}'")
+        raise AutoresumeUsageError(f"{message}, got '{value}'")
     return int(value)
 
 
@@ -147,9 +147,9 @@ def _resolve_launcher(launcher: str) -> str:
     if "/" not in launcher:
         found = shutil.which(launcher)
     if found is None:
-        raise UsageError(f"ft_launcher not found: --launcher (FT_LAUNCHER) is '{launcher}'")
+        raise AutoresumeUsageError(f"ft_launcher not found: --launcher (FT_LAUNCHER) is '{launcher}'")
     if not os.path.isfile(found) or not os.access(found, os.X_OK):
-        raise UsageError(f"--launcher (FT_LAUNCHER) '{launcher}' is not an executable file")
+        raise AutoresumeUsageError(f"--launcher (FT_LAUNCHER) '{launcher}' is not an executable file")
     return os.path.realpath(found)
 
 
@@ -162,10 +162,10 @@ def validate(opts: Options, env: Mapping[str, str]) -> Options:
     links (:mod:`launcher.resume.own_files`): another user must not fool or block the loop.
 
     Raises:
-        UsageError: With the flag, its variable and the value in the message.
+        AutoresumeUsageError: With the flag, its variable and the value in the message.
     """
     if not opts.command:
-        raise UsageError("no training command given (TRAINING_SCRIPT [ARGS...])")
+        raise AutoresumeUsageError("no training command given (TRAINING_SCRIPT [ARGS...])")
     max_failures = _count(opts.max_failures, 1, MAX_COUNT, "--max-failures (AUTORESUME_MAX_FAILURES)"
                           f" must be a whole number >= 1 and <= {MAX_COUNT}")
     max_attempts = _count(opts.max_attempts, 0, MAX_COUNT, "--max-attempts (AUTORESUME_MAX_ATTEMPTS)"
@@ -189,9 +189,9 @@ def validate(opts: Options, env: Mapping[str, str]) -> Options:
         opts.mode = "slurm" if in_batch else "local"
     elif opts.mode == "slurm":
         if not env.get("SLURM_JOB_ID"):
-            raise UsageError("--mode slurm needs to run inside an sbatch job (SLURM_JOB_ID is not set)")
+            raise AutoresumeUsageError("--mode slurm needs to run inside an sbatch job (SLURM_JOB_ID is not set)")
     elif opts.mode != "local":
-        raise UsageError(f"--mode (AUTORESUME_MODE) must be auto, slurm or local, got '{opts.mode}'")
+        raise AutoresumeUsageError(f"--mode (AUTORESUME_MODE) must be auto, slurm or local, got '{opts.mode}'")
     if opts.rdzv_port:
         port = _count(opts.rdzv_port, 1, 65535,
                       "--rdzv-port (AUTORESUME_RDZV_PORT) must be a TCP port 1-65535")
@@ -202,18 +202,18 @@ def validate(opts: Options, env: Mapping[str, str]) -> Options:
     try:
         own_files.check_path_links(run_dir)
     except own_files.ForeignFileError as err:
-        raise UsageError(f"--run-dir (AUTORESUME_RUN_DIR): {err}") from None
+        raise AutoresumeUsageError(f"--run-dir (AUTORESUME_RUN_DIR): {err}") from None
     try:
         created = not os.path.lexists(run_dir)
         os.makedirs(run_dir, exist_ok=True)
         if created:   # under a umask of 002 it would be group-writable, which check_run_dir refuses
             os.chmod(run_dir, stat.S_IMODE(os.stat(run_dir).st_mode) & ~0o022)
     except OSError:
-        raise UsageError(f"cannot create --run-dir (AUTORESUME_RUN_DIR) '{run_dir}'") from None
+        raise AutoresumeUsageError(f"cannot create --run-dir (AUTORESUME_RUN_DIR) '{run_dir}'") from None
     opts.run_dir = os.path.realpath(run_dir)
     opts.flag_file = os.path.abspath(opts.flag_file or os.path.join(opts.run_dir, "finished.flag"))
     if not os.path.isdir(os.path.dirname(opts.flag_file)):
-        raise UsageError("the directory of --flag-file (FAULT_TOL_FINISHED_FLAG_FILE) "
+        raise AutoresumeUsageError("the directory of --flag-file (FAULT_TOL_FINISHED_FLAG_FILE) "
                          f"'{opts.flag_file}' does not exist")
     try:
         own_files.check_run_dir(opts.run_dir)
@@ -221,9 +221,9 @@ def validate(opts: Options, env: Mapping[str, str]) -> Options:
         own_files.check_entry(opts.flag_file)
         own_files.prepare_lock_file(os.path.join(opts.run_dir, own_files.LOCK_NAME))
     except own_files.ForeignFileError as err:
-        raise UsageError(str(err)) from None
+        raise AutoresumeUsageError(str(err)) from None
     except OSError as err:
-        raise UsageError(f"cannot use --run-dir (AUTORESUME_RUN_DIR) '{opts.run_dir}': {err}") from None
+        raise AutoresumeUsageError(f"cannot use --run-dir (AUTORESUME_RUN_DIR) '{opts.run_dir}': {err}") from None
     opts.launcher_args = opts.launcher_args_str.split()
     if opts.mode == "local" and not opts.launcher_args_set and not opts.extra_launcher_args:
         opts.launcher_args = ["--standalone"]
@@ -292,7 +292,7 @@ def inspect_slurm_job(opts: Options, env: Mapping[str, str]) -> SlurmJob:
     """Check that this job can be continued, and read its allocation.
 
     Raises:
-        UsageError: The job is not a batch job, or cannot be requeued.
+        AutoresumeUsageError: The job is not a batch job, or cannot be requeued.
         Fatal: scontrol fails.
     """
     job_id = env["SLURM_JOB_ID"]
@@ -303,10 +303,10 @@ def inspect_slurm_job(opts: Options, env: Mapping[str, str]) -> SlurmJob:
         if info.returncode != 0:
             raise Fatal(f"cannot read job {job_id} with scontrol: {(info.stdout + info.stderr).strip()}")
         if re.search(r"(^|\s)BatchFlag=0(\s|$)", info.stdout):
-            raise UsageError(f"slurm mode runs in an sbatch job, but job {job_id} is interactive "
+            raise AutoresumeUsageError(f"slurm mode runs in an sbatch job, but job {job_id} is interactive "
                              "(salloc/srun); use --mode local")
         if re.search(r"(^|\s)Requeue=0(\s|$)", info.stdout):
-            raise UsageError(f"job {job_id} cannot be requeued, so it cannot be continued: "
+            raise AutoresumeUsageError(f"job {job_id} cannot be requeued, so it cannot be continued: "
                              "submit it with sbatch --requeue")
         nodelist = env.get("SLURM_JOB_NODELIST", "")
         expanded = _scontrol("show", "hostnames", nodelist)

@@ -122,7 +122,7 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class AttemptVerdict:
     """The decision after an attempt.
 
     Attributes:
@@ -154,7 +154,7 @@ def _failure_reason(rc: int) -> str:
     return why
 
 
-def decide(attempt: Attempt, limits: Limits) -> Verdict:
+def decide(attempt: Attempt, limits: Limits) -> AttemptVerdict:
     """The verdict after ``attempt``: the first matching row of the table in docs/autoresume.md.
 
     Args:
@@ -169,7 +169,7 @@ def decide(attempt: Attempt, limits: Limits) -> Verdict:
         text = "finished: flag file present"
         if rc != EXIT_SUCCESS:
             text += f" (ft_launcher exited {rc})"
-        return Verdict(FINISHED, EXIT_SUCCESS, text, 0, 0, 0, False)
+        return AttemptVerdict(FINISHED, EXIT_SUCCESS, text, 0, 0, 0, False)
     failed = False
     failures, stalled = attempt.failures, attempt.stalled
     if rc == EXIT_SHUTDOWN_REQUESTED:
@@ -224,10 +224,10 @@ def decide(attempt: Attempt, limits: Limits) -> Verdict:
     shown = failures
     if verdict == STOP or not failed:
         failures = stalled = 0
-    return Verdict(verdict, code, text, shown, failures, stalled, failed)
+    return AttemptVerdict(verdict, code, text, shown, failures, stalled, failed)
 
 
-def killed_attempt(failures: int, stalled: int, limits: Limits) -> Verdict:
+def killed_attempt(failures: int, stalled: int, limits: Limits) -> AttemptVerdict:
     """The verdict on an attempt whose script was killed before it could record it.
 
     A SIGKILL or a lost node leaves ``running=1`` in the state file; the next run counts that
@@ -241,10 +241,10 @@ def killed_attempt(failures: int, stalled: int, limits: Limits) -> Verdict:
     failures += 1
     what = "no record of how it ended (the script was killed)"
     if failures >= limits.max_failures:
-        return Verdict(STOP, EXIT_FAILURE,
+        return AttemptVerdict(STOP, EXIT_FAILURE,
                        f"stop: {what}; {failures} consecutive failures, the maximum",
                        failures, 0, 0, True)
-    return Verdict(CONTINUE, EXIT_SUCCESS,
+    return AttemptVerdict(CONTINUE, EXIT_SUCCESS,
                    f"continue: {what}; failure {failures} of at most {limits.max_failures}",
                    failures, failures, stalled, True)
 

@@ -25,7 +25,8 @@ from launcher.launch_config import (
 )
 from launcher.rendezvous import membership, store_counter
 from launcher.rendezvous import poll as rendezvous_poll
-from launcher.rendezvous.barrier import BACKEND, BarrierRendezvousHandler, register
+from launcher.rendezvous.barrier import BACKEND, BarrierRendezvousHandler
+from launcher.rendezvous.plugin import register
 from tests.launcher_util import wait_for
 
 pytestmark = pytest.mark.timeout(60)

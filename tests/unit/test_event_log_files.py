@@ -16,7 +16,7 @@ import pytest
 
 from launcher.events.log import LOCK_SUFFIX, EventLog
 from launcher.events.records import CycleStart
-from launcher.options import UsageError
+from launcher.exit_codes import LauncherUsageError
 
 NOBODY = 65534
 
@@ -51,7 +51,7 @@ def test_a_planted_log_or_lock_file_is_a_usage_error(tmp_path: Path, planted: st
         target.write_text("")
         target.chmod(0o666)
         os.chown(target, NOBODY, NOBODY)
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(LauncherUsageError, match=message):
         EventLog(str(path), node="n", stream=io.StringIO())
     assert secret.read_text() == "root only\n"
 

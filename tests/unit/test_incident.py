@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ft_core.wire.messages import MonitorLost, RankEscalated, RankHang
+from ft_core.wire.messages import MonitorLost, RankEscalatedMessage, RankHang
 from launcher.decision.incident import about_an_earlier_worker
 
 
@@ -16,7 +16,7 @@ def hang(pid: int) -> RankHang:
 @pytest.mark.parametrize("event, worker_pid, earlier", [
     (hang(101), 101, False),   # the current worker
     (hang(100), 101, True),    # the previous cycle's worker, read after the restart
-    (RankEscalated(pid=100), 101, True),
+    (RankEscalatedMessage(pid=100), 101, True),
     (MonitorLost(exit_code=1), 101, False),  # names no worker: taken as current
     (hang(100), None, False),  # no worker known for the rank
 ])

@@ -17,8 +17,9 @@ from ft_core.wire.env import (
     FT_LAUNCHER_RUN_ENV_VAR,
 )
 from launcher import get_args_parser
+from launcher.exit_codes import LauncherUsageError
 from launcher.node.environment import SHARE_STORE_ENV, SIGNALS_TO_HANDLE_ENV, set_up_environment
-from launcher.options import LauncherOptions, UsageError
+from launcher.options import LauncherOptions
 
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 
@@ -54,7 +55,7 @@ def test_the_users_choice_of_a_shared_store_is_kept():
 ])
 def test_an_invalid_variable_is_a_usage_error_and_changes_nothing(name, value, fragment):
     environ = {name: value}
-    with pytest.raises(UsageError, match=f"{name} {fragment}"):
+    with pytest.raises(LauncherUsageError, match=f"{name} {fragment}"):
         set_up_environment(SIGNALS, environ)
     assert environ == {name: value}
 
@@ -79,7 +80,7 @@ def test_a_run_that_cannot_start_leaves_no_run_directory(tmpdir_base, monkeypatc
         monkeypatch.setenv(name, value)
     monkeypatch.delenv(FT_LAUNCHER_RUN_ENV_VAR, raising=False)
     args = get_args_parser().parse_args(["--standalone", *argv, "train.py"])
-    with pytest.raises(UsageError, match=fragment):
+    with pytest.raises(LauncherUsageError, match=fragment):
         launch(args, FaultToleranceConfig(), LauncherOptions.from_args(args, {}))
     assert os.listdir(tmpdir_base) == []  # the run directory was made, then removed again
     assert FT_LAUNCHER_RUN_ENV_VAR not in os.environ  # nothing set for a run that never started

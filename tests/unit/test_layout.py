@@ -86,3 +86,36 @@ def test_a_public_path_is_the_same_module_as_its_home():
     assert ft_core.integration is integration
     assert ft_core.config is ft_core.wire.config
     assert ft_core.rank_monitor_server is server
+
+
+def test_launchers_documented_paths_are_the_modules_in_their_folders():
+    # launcher/ is in folders by concern (issue 30); the paths users and installs name stay
+    import launcher.events.records
+    import launcher.events.report
+    import launcher.records
+    import launcher.rendezvous.plugin
+    import launcher.rendezvous_plugin
+    import launcher.report
+
+    assert launcher.records is launcher.events.records
+    assert launcher.records.read_events is launcher.events.records.read_events
+    assert launcher.report is launcher.events.report and callable(launcher.report.main)
+    assert launcher.rendezvous_plugin is launcher.rendezvous.plugin
+    assert launcher.rendezvous_plugin.torchrun_handler() is launcher.rendezvous.plugin.create_ft_barrier_handler
+
+
+def test_launchers_top_level_holds_the_run_and_the_documented_paths():
+    top = sorted(p.stem for p in (REPO / "launcher").glob("*.py"))
+    assert top == ["__init__", "__main__", "agent", "agent_phase", "attempt_result", "autoresume", "clean_end",
+                   "cli", "exit_codes", "launch", "launch_config", "options", "records", "rendezvous_plugin",
+                   "report", "torch_compat"]
+    for stem in ("records", "rendezvous_plugin", "report"):
+        assert "sys.modules[__name__] = _module" in (REPO / "launcher" / f"{stem}.py").read_text(), stem
+
+
+@pytest.mark.timeout(120)
+def test_python_m_launcher_report_runs_ft_report(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "launcher.report", str(tmp_path / "missing.jsonl")], cwd=REPO,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr
+    assert "ft_report" in out.stderr, out.stderr

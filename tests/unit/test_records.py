@@ -263,7 +263,7 @@ def test_a_hang_report_keeps_its_wire_keys_and_reads_as_typed_fields():
     hang = messages.RankHang(pid=5, rank=1, local_rank=1, node="n", kind="section", section="step", elapsed=3.0,
                              timeout=2.0, cause="hang: section 'step'", signal="SIGKILL", detected_at=9.0,
                              heartbeats=4, progress=messages.Progress(step=12, last_progress_at=6.0))
-    hang = messages.with_stacks(hang, messages.StackCapture(stack_frames=["/job/train.py:3 f"], stack_file="/s"))
+    hang = messages.with_stacks(hang, messages.StackSummary(stack_frames=["/job/train.py:3 f"], stack_file="/s"))
     wire = hang.to_wire()
     for key in ("pid", "rank", "local_rank", "node", "kind", "section", "elapsed", "timeout", "cause", "signal",
                 "detected_at", "heartbeats", "progress", "stack_file", "stack_frames", "stack_error"):

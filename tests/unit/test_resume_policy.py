@@ -547,7 +547,7 @@ def test_parse_args_errors(args: list[str], message: str | None) -> None:
     if message is None:
         options.parse_args(args, options.from_environment(ENV_NONE))
         return
-    with pytest.raises(options.UsageError, match=re.escape(message)):
+    with pytest.raises(options.AutoresumeUsageError, match=re.escape(message)):
         options.parse_args(args, options.from_environment(ENV_NONE))
 
 
@@ -598,7 +598,7 @@ def test_validate_errors(tmp_path: Path, launcher: str, monkeypatch: pytest.Monk
                          args: list[str], env: dict[str, str], message: str) -> None:
     monkeypatch.chdir(tmp_path)
     opts = options.from_environment({"FT_LAUNCHER": launcher, **env})
-    with pytest.raises(options.UsageError, match=re.escape(message)):
+    with pytest.raises(options.AutoresumeUsageError, match=re.escape(message)):
         options.validate(options.parse_args(args, opts), env)
     if "flag-file" not in message:
         assert not (tmp_path / "autoresume").exists()

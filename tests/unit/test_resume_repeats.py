@@ -274,7 +274,7 @@ def test_launcher_exit_66_stops_without_requeue(tmp_path: Path, capsys: pytest.C
 ])
 def test_bad_repeat_options_are_usage_errors(args: list[str], env: dict[str, str], message: str) -> None:
     opts = options.parse_args([*args, "train.py"], options.from_environment(env))
-    with pytest.raises(options.UsageError) as err:
+    with pytest.raises(options.AutoresumeUsageError) as err:
         options.validate(opts, env)
     assert str(err.value) == message
 

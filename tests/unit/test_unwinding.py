@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ft_core.wire.messages import StackCapture, StacksCaptured
+from ft_core.wire.messages import StacksCaptured, StackSummary
 from launcher.decision.culprit import COLLATERAL, ROOT
 from launcher.decision.failures import Evidence, failure_records
 from launcher.decision.unwinding import caller_frame, ending_reason, is_own_frame
@@ -85,7 +85,7 @@ def test_the_users_caller_is_never_a_frame_of_ours() -> None:
 
 def collateral_line(frames: tuple[str, ...]) -> str:
     """The collateral rank 0's explanation when rank 1 was SIGKILLed and rank 0 stopped by us."""
-    stacks = {0: StacksCaptured(pid=1000, stacks=StackCapture(stack_frames=frames, stack_file="/s/r0.txt"))}
+    stacks = {0: StacksCaptured(pid=1000, stacks=StackSummary(stack_frames=frames, stack_file="/s/r0.txt"))}
     records = failure_records(
         {0: ProcessFailure(local_rank=0, pid=1000, exitcode=-15, error_file="<N/A>"),
          1: ProcessFailure(local_rank=1, pid=1001, exitcode=-9, error_file="<N/A>")},
