@@ -1,4 +1,4 @@
-"""docs/design.md's "Larger units, and why" table tells the truth about sizes.
+"""docs/design.md tells the truth: the sizes of its "Larger units" table, its module map, the paths it cites.
 
 The table lists every module of ``ft_core`` and ``launcher`` over the module guideline and every
 class over the class guideline, each with its size ("~530 lines", "``Class`` ~450"). The figures
@@ -83,3 +83,55 @@ def test_every_unit_over_a_guideline_is_explained():
     over += [f"{c} in {m}" for (m, c), n in _classes().items()
              if n > CLASS_GUIDELINE and f"`{c}`" not in listed and f"`{m}`" not in listed]
     assert not over, f"over the guideline and not in docs/design.md's 'Larger units' table: {over}"
+
+
+# ---------------------------------------------------------------------- the module map (issue 30 item 7)
+
+PACKAGE_ROOTS = ("ft_core", "launcher", "ptl_resiliency")
+CITED_PATH = re.compile(r"(?<![\w/.-])((?:ft_core|launcher|ptl_resiliency|tests|bench|scripts|examples)/[\w/.-]*\w)")
+NOT_FILES = {
+    "bench/results": "written by the benchmarks when they run",
+    "launcher/scripts": "the installed package name of scripts/ (pyproject.toml)",
+}
+
+
+def _map_folders() -> set[str]:
+    text = DESIGN.read_text()
+    block = text.split("## Module map", 1)[1].split("```", 2)[1]
+    folders, top = set(), None
+    for line in block.splitlines():
+        if match := re.match(r"(\w+)/\s", line):
+            top = match.group(1)
+            folders.add(top)
+        elif match := re.match(r"[├└]── (\w+)/\s", line):
+            folders.add(f"{top}/{match.group(1)}")
+    return folders
+
+
+def _package_folders() -> set[str]:
+    return {p.parent.relative_to(REPO).as_posix() for root in PACKAGE_ROOTS for p in (REPO / root).rglob("__init__.py")}
+
+
+def test_the_module_map_names_every_folder_of_ours():
+    mapped, actual = _map_folders(), _package_folders()
+    assert "launcher/decision" in actual
+    assert mapped == actual, (f"docs/design.md's module map lacks {sorted(actual - mapped)}, "
+                              f"names folders that are gone: {sorted(mapped - actual)}")
+
+
+def test_where_does_x_live_lists_only_what_the_tree_does_not_answer():
+    section = DESIGN.read_text().split("## Where does X live", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith(("| behaviour", "| ---"))]
+    # it was 105 rows, one per module and more, before the folders; a rule spread over modules gets a row
+    assert 10 <= len(rows) <= 45, len(rows)
+
+
+def test_every_path_the_docs_cite_exists():
+    missing = []
+    for doc in sorted([*(REPO / "docs").glob("*.md"), REPO / "README.md"]):
+        for match in CITED_PATH.finditer(doc.read_text()):
+            path = match.group(1)
+            if path not in NOT_FILES and not (REPO / path).exists():
+                missing.append(f"{doc.name}: {path}")
+    assert not missing, f"paths cited in the docs that do not exist (moved?): {missing}"
