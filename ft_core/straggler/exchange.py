@@ -6,13 +6,18 @@ rank proposes ``report_time_interval / its mean step time since the last exchang
 gathered proposals are the same on every rank, and all take the smallest. The first exchange comes
 after ``first_report_step`` steps. Between exchanges a step costs one integer comparison.
 
-The exchange is one ``all_gather`` of a few float64 per rank (on the GPU with NCCL, on
-the CPU with gloo); the host names are gathered once, at the first exchange, and section timings
-(the plain-loop API) only while some rank has sections.
+The exchange is one ``all_gather`` of a few float64 per rank, on a process group of its own (gloo,
+CPU tensors), created when detection starts; the host names are gathered once, at the first
+exchange, and section timings (the plain-loop API) only while some rank has sections. Collectives
+of different groups never pair with each other: even a rank that reached its report step early
+(a bug, or a step count skewed by the user's code) cannot have its ``all_gather`` taken for the
+job's gradient all-reduce (a hang, or garbage gathered); and on a GPU the exchange stays off the
+job's NCCL streams.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -21,11 +26,26 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger(__name__)
+
 __all__ = ["Exchange"]
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
+
+
+def _own_group() -> Optional[Any]:
+    """A gloo process group of all ranks for the exchange (every rank creates it at the same point:
+    ``new_group`` meets the other ranks through the store, not through a collective of the job's
+    group). None, with a warning, when it cannot be made: the exchange then uses the default group."""
+    try:
+        return dist.new_group(backend="gloo")
+    except Exception as err:  # a torch build or network without gloo: detection still works
+        log.warning("straggler detection: could not create its own gloo process group (%s); its exchange "
+                    "uses the job's default group, so every rank must reach each report step with no "
+                    "collective of its own in between", err)
+        return None
 
 
 class Exchange:
@@ -48,6 +68,7 @@ class Exchange:
         self._last_step = 0
         self.rank = dist.get_rank() if _distributed() else 0
         self.world_size = dist.get_world_size() if _distributed() else 1
+        self.group: Optional[Any] = _own_group() if self.world_size > 1 else None
 
     def due(self, steps: int) -> bool:
         """True when step count ``steps`` is the agreed exchange step (or past it)."""
@@ -68,11 +89,13 @@ class Exchange:
         """Every rank's ``row`` (same length on all ranks), in rank order: one collective."""
         if not _distributed() or self.world_size == 1:
             return [list(row)]
-        device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) \
-            else torch.device("cpu")
+        group = self.group
+        device = torch.device("cpu")
+        if group is None and "nccl" in str(dist.get_backend()):  # the default group, without our own
+            device = torch.device("cuda", torch.cuda.current_device())
         mine = torch.tensor(list(row), dtype=torch.float64, device=device)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(out, mine)
+        dist.all_gather(out, mine, group=group)
         return [t.cpu().tolist() for t in out]
 
     def gather_objects(self, obj: Any) -> list[Any]:
@@ -80,7 +103,7 @@ class Exchange:
         if not _distributed() or self.world_size == 1:
             return [obj]
         out: list[Optional[Any]] = [None] * self.world_size
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def advance(self, steps: int, proposals: Sequence[float]) -> float:

@@ -25,6 +25,7 @@ import torch
 
 from ft_core.straggler.engine import DEFAULT_MIN_SAMPLES, SCORE_NAMES, StragglerEngine
 from ft_core.straggler.outcome import DEFAULT_REPLACE_AFTER, ReportHandler, StragglerOutcome, request_node_exclusion
+from ft_core.straggler.scores import Report
 
 __all__ = ["StragglerLoop"]
 
@@ -57,6 +58,7 @@ class StragglerLoop:
         self.handler = ReportHandler(relative_threshold, individual_threshold, num_to_print, action, replace_after,
                                      logger)
         self.last_outcome: Optional[StragglerOutcome] = None
+        self.last_report: Optional[Report] = None  # the latest report's scores and timings
         self._leave_reason: Optional[str] = None
         self._left = False
 
@@ -66,10 +68,16 @@ class StragglerLoop:
         return self.engine.timer.attach(ddp.module if ddp is not None else model)
 
     def on_training_step_end(self) -> Optional[StragglerOutcome]:
-        """Call after every training step on every rank: the outcome at report steps (a collective), else None."""
+        """Call after every training step on every rank: the outcome at report steps (a collective on
+        detection's own process group), else None.
+
+        The report steps are counted in training forwards (the module in training mode, autograd
+        recording): evaluation forwards, also on some ranks only, do not move them.
+        """
         if not self.engine.exchange.due(self.engine.timer.steps):
             return None
         report = self.engine.report()
+        self.last_report = report
         rank = report.rank or 0
         outcome = self.handler.handle(report, rank, int(os.environ.get("LOCAL_RANK", "0")))
         self.last_outcome = outcome

@@ -101,6 +101,19 @@ def _below(scores: Mapping[Any, float], threshold: float) -> list[Any]:
     return [key for key, score in scores.items() if score < threshold]
 
 
+def _slow(scores: Mapping[Any, float], threshold: float, relative: Mapping[Any, float]) -> list[Any]:
+    """The keys of ``scores`` below ``threshold`` that are not at least as fast as the median.
+
+    A rank (node) whose relative score is 1 or more is at least as fast as the median one: the
+    job does not wait for it, whatever its other scores say (its individual score can drop while
+    it waits for a slower peer or shares its CPUs with other work). With one scored key, its
+    relative score (1.0 by definition) says nothing, and the scores alone decide.
+    """
+    if len(relative) < 2:
+        return _below(scores, threshold)
+    return [key for key in _below(scores, threshold) if not relative.get(key, 0.0) >= 1.0]
+
+
 @dataclasses.dataclass(frozen=True)
 class Report:
     """The scores of one report interval (every rank gets the whole report).
@@ -155,7 +168,12 @@ class Report:
         gpu_indiv_threshold: float = 0.75,
         section_indiv_threshold: float = 0.75,
     ) -> dict[str, Any]:
-        """The ranks (and nodes) whose scores are below the thresholds.
+        """The ranks (and nodes) whose scores are below the thresholds and that are slow.
+
+        A rank (node) with a relative score of 1 or more (at least as fast as the median rank
+        or node of the same scores) is never a straggler, whatever its individual score or a
+        threshold above 1: the job does not wait for it. This needs at least two scored ranks
+        (nodes); a single one is judged by its scores alone.
 
         Returns:
             The reference's keys: ``straggler_gpus_relative`` and ``straggler_gpus_individual``
@@ -165,17 +183,19 @@ class Report:
             ``straggler_nodes_individual`` (sets of node names, from the per-node scores with
             the gpu thresholds).
         """
-        sections_rel = {name: self._ids(_below(scores, section_rel_threshold))
-                        for name, scores in self.section_relative_perf_scores.items()}
-        sections_ind = {name: self._ids(_below(scores, section_indiv_threshold))
+        rel, node_rel = self.gpu_relative_perf_scores, self.node_relative_perf_scores
+        sec_rel = self.section_relative_perf_scores
+        sections_rel = {name: self._ids(_slow(scores, section_rel_threshold, scores))
+                        for name, scores in sec_rel.items()}
+        sections_ind = {name: self._ids(_slow(scores, section_indiv_threshold, sec_rel.get(name, {})))
                         for name, scores in self.section_individual_perf_scores.items()}
         return {
-            "straggler_gpus_relative": self._ids(_below(self.gpu_relative_perf_scores, gpu_rel_threshold)),
-            "straggler_gpus_individual": self._ids(_below(self.gpu_individual_perf_scores, gpu_indiv_threshold)),
+            "straggler_gpus_relative": self._ids(_slow(rel, gpu_rel_threshold, rel)),
+            "straggler_gpus_individual": self._ids(_slow(self.gpu_individual_perf_scores, gpu_indiv_threshold, rel)),
             "straggler_sections_relative": {k: v for k, v in sections_rel.items() if v},
             "straggler_sections_individual": {k: v for k, v in sections_ind.items() if v},
-            "straggler_nodes_relative": set(_below(self.node_relative_perf_scores, gpu_rel_threshold)),
-            "straggler_nodes_individual": set(_below(self.node_individual_perf_scores, gpu_indiv_threshold)),
+            "straggler_nodes_relative": set(_slow(node_rel, gpu_rel_threshold, node_rel)),
+            "straggler_nodes_individual": set(_slow(self.node_individual_perf_scores, gpu_indiv_threshold, node_rel)),
         }
 
 

@@ -239,3 +239,65 @@ def test_the_references_listing_names_the_worst_and_best_ranks_to_2_decimals() -
     # at most 2 * count: every scored rank, worst first
     assert reference_scores_lines({0: 1.0, 1: 0.5}, {0: "a"}, 1) == ["  Rank=1 Node=<unk> Score=0.50",
                                                                        "  Rank=0 Node=a Score=1.00"]
+
+
+def test_a_rank_at_least_as_fast_as_the_median_is_never_a_straggler() -> None:
+    # The launcher's line from a plain DDP loop with rank 1's forward 30 ms slower: "rank 0 ... is
+    # slow (relative score 50.47, individual score 0.66)". Rank 0 is 50x faster than the median
+    # rank; its own time moved (it waits for rank 1 and shares the CPUs), the job never waits for it.
+    nodes = {0: "a", 1: "a"}
+    report = Report({0: 50.47, 1: 0.51}, {}, {0: 0.66, 1: 0.98}, {}, nodes, {}, {}, 0.0, True, 0)
+    found = report.identify_stragglers(gpu_rel_threshold=0.8, gpu_indiv_threshold=0.7)
+    assert found["straggler_gpus_relative"] == {StragglerId(1, "a")}
+    assert found["straggler_gpus_individual"] == set()
+    handler = ReportHandler(0.8, 0.7, 0)
+    outcome = handler.handle(report, rank=1, local_rank=1)
+    assert {s.rank for s in outcome.relative | outcome.individual} == {1}
+    # a relative score of exactly 1 (the median rank) is not slow either, even under a threshold above 1
+    report = Report({0: 1.0, 1: 1.25, 2: 0.8}, {}, {0: 0.5, 1: 0.5, 2: 0.5}, {}, {}, {}, {}, 0.0, True, 0)
+    found = report.identify_stragglers(gpu_rel_threshold=1.1, gpu_indiv_threshold=0.7)
+    assert {s.rank for s in found["straggler_gpus_relative"]} == {2}
+    assert {s.rank for s in found["straggler_gpus_individual"]} == {2}
+
+
+def test_the_median_rule_holds_for_sections_and_nodes_and_needs_two_scored_ranks() -> None:
+    report = Report({}, {"step": {0: 2.0, 1: 0.6}}, {}, {"step": {0: 0.5, 1: 0.5}}, {0: "a", 1: "b"}, {}, {}, 0.0,
+                    True, 0, node_relative_perf_scores={"a": 2.0, "b": 0.6},
+                    node_individual_perf_scores={"a": 0.5, "b": 0.5})
+    found = report.identify_stragglers(section_rel_threshold=0.75, section_indiv_threshold=0.75,
+                                       gpu_rel_threshold=0.75, gpu_indiv_threshold=0.75)
+    assert found["straggler_sections_relative"] == {"step": {StragglerId(1, "b")}}
+    assert found["straggler_sections_individual"] == {"step": {StragglerId(1, "b")}}
+    assert found["straggler_nodes_relative"] == {"b"} and found["straggler_nodes_individual"] == {"b"}
+    # one rank: its relative score (1.0 by definition) says nothing; the individual score decides
+    alone = Report({0: 1.0}, {}, {0: 0.5}, {}, {0: "a"}, {}, {}, 0.0, True, 0)
+    assert alone.identify_stragglers(gpu_indiv_threshold=0.7)["straggler_gpus_individual"] == {StragglerId(0, "a")}
+    # relative scores off: the individual score decides
+    no_rel = Report({}, {}, {0: 0.5, 1: 1.0}, {}, {}, {}, {}, 0.0, True, 0)
+    assert {s.rank for s in no_rel.identify_stragglers(gpu_indiv_threshold=0.7)["straggler_gpus_individual"]} == {0}
+
+
+def test_evaluation_forwards_are_not_steps_of_the_timer() -> None:
+    # Rank 0 alone running sample predictions between training steps must not move its step
+    # count (the report step every rank agreed on), under no_grad, inference_mode or eval mode.
+    from ft_core.straggler.timing import ComputeTimer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+    timer = ComputeTimer(use_cuda=False, sample_every=1)
+    assert timer.attach(model)
+    seen = []
+    timer.on_step_end = seen.append
+    for _ in range(12):
+        model(torch.randn(2, 4)).sum().backward()
+        with torch.no_grad():
+            model(torch.randn(2, 4))
+        with torch.inference_mode():
+            model(torch.randn(2, 4))
+        model.eval()
+        model(torch.randn(2, 4))
+        model.train()
+    assert timer.steps == 12
+    assert seen == list(range(1, 13))
+    samples = timer.take_samples()
+    assert len(samples) == 12 - 2  # the two learning backwards give no sample
+    timer.detach()
