@@ -101,22 +101,17 @@ def _sim_node(rank_hint: int, nodes: int, port: int, run_id: str, go: Any, fail:
               results: Any, joined: threading.Barrier, failing: threading.Barrier, done: threading.Barrier,
               snaps: list) -> None:
     """One simulated node: ft_launcher's rendezvous handler, channel and watchdog; no workers."""
-    from launcher.launch_config import apply_rendezvous_defaults, create_rendezvous_handler, pop_poll_interval
+    from launcher.launch_config import create_rendezvous_handler
     from launcher.rendezvous import membership, store_counter
     from launcher.rendezvous import poll as rendezvous_poll
     from launcher.rendezvous.store_channel import StoreChannel
     from launcher.rendezvous.store_watchdog import StoreWatchdog
 
-    # the LaunchConfig fields ft_launcher's rendezvous code reads (a LaunchConfig makes a log directory)
-    config = SimpleNamespace(min_nodes=nodes, max_nodes=nodes, rdzv_backend=BACKEND, rdzv_endpoint=f"127.0.0.1:{port}",
-                             run_id=run_id, local_addr=None,
-                             rdzv_configs={"is_host": "false", "join_timeout": "600", **RDZV_CONF})
-    apply_rendezvous_defaults(config)
-    poll_interval = pop_poll_interval(config)
-    handler = create_rendezvous_handler(config)
+    plan = _sim_plan(nodes, port, run_id)
+    handler = create_rendezvous_handler(plan.config)
     store_counter.install(handler)
-    if poll_interval is not None and rendezvous_poll.install(poll_interval):
-        rendezvous_poll.apply_to_handler(handler, poll_interval)
+    if plan.poll_interval is not None:  # the process's torch polls at it (_sim_process)
+        rendezvous_poll.apply_to_handler(handler, plan.poll_interval)
     handler = membership.wrap(handler, "any-failed")
     host = f"simnode{rank_hint}"
     out: dict[str, Any] = {}
@@ -164,8 +159,22 @@ def _sim_node(rank_hint: int, nodes: int, port: int, run_id: str, go: Any, fail:
     results.put(out)
 
 
+def _sim_plan(nodes: int, port: int, run_id: str) -> Any:
+    """A simulated node's rendezvous settings, as ft_launcher's own code plans them."""
+    from launcher.launch_config import plan_rendezvous
+
+    # the LaunchConfig fields ft_launcher's rendezvous code reads (a LaunchConfig makes a log directory)
+    config = SimpleNamespace(min_nodes=nodes, max_nodes=nodes, rdzv_backend=BACKEND, rdzv_endpoint=f"127.0.0.1:{port}",
+                             run_id=run_id, local_addr=None,
+                             rdzv_configs={"is_host": "false", "join_timeout": "600", **RDZV_CONF})
+    return plan_rendezvous(config)
+
+
 def _sim_process(ranks: list[int], nodes: int, port: int, run_id: str, counts_file: str, go: Any, fail: Any,
                  fail_at: Any, stage: Any, results: Any, snaps_out: Any) -> None:
+    from launcher.rendezvous import master_port, plugin
+    from launcher.rendezvous import poll as rendezvous_poll
+
     if counts_file:
         os.environ["FT_STORE_COUNTS"] = counts_file  # counts on; nothing is written (no mark, no flush)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -173,10 +182,18 @@ def _sim_process(ranks: list[int], nodes: int, port: int, run_id: str, counts_fi
     snaps: list = []
     threads = [threading.Thread(target=_sim_node, args=(r, nodes, port, run_id, go, fail, fail_at, stage, results,
                                                         joined, failing, done, snaps), daemon=True) for r in ranks]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    # torch changed as a launcher changes it while it runs (launcher.launch.LauncherRun._change_torch),
+    # for all of this process's nodes at once
+    plugin.register()
+    poll_interval = _sim_plan(nodes, port, run_id).poll_interval
+    with contextlib.ExitStack() as changes:
+        changes.enter_context(master_port.installed())
+        if poll_interval is not None:
+            changes.enter_context(rendezvous_poll.installed(poll_interval))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     snaps_out.put(snaps)
 
 

@@ -64,7 +64,7 @@ from launcher.node.check import NodeCheckFailed
 from launcher.node.control_server import ControlServer
 from launcher.node.environment import RunEnvironment, set_up_environment
 from launcher.node.monitors import MonitorPool
-from launcher.node.sentinel import Sentinel
+from launcher.node.sentinel import HelperPids, Sentinel
 from launcher.node.signals import JOB_WIDE_WINDOW, SignalHandling
 from launcher.options import LauncherOptions, config_sources
 from launcher.rendezvous import master_port, membership, store_counter
@@ -176,7 +176,7 @@ class LauncherRun:
         self._sentinel: Sentinel | None = None
         self._signals: SignalHandling | None = None
         self._workers: processes.WorkerProcesses | None = None
-        self._helpers = processes.HelperPids()
+        self._helpers = HelperPids()
         """The current pids of the run's helpers started again when they die (the sentinel)."""
         self._agent: FaultTolerantAgent | None = None
         self._stuck_threads: list[threading.Thread] = []

@@ -12,6 +12,8 @@ bound), the store watchdog and the ``WorkerSpec``.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import logging
 import os
 import threading
@@ -36,16 +38,11 @@ from launcher.exit_codes import LauncherUsageError
 from launcher.node.path_checks import directory_problem
 from launcher.options import torchrun_default
 from launcher.rendezvous import barrier as barrier_rendezvous
-from launcher.rendezvous import master_port
-from launcher.rendezvous import plugin as rendezvous_plugin
 from launcher.rendezvous import poll as rendezvous_poll
 from launcher.rendezvous.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, STORE_LOST_KEY, StoreWatchdog
 from launcher.torch_compat import LAUNCH_CONFIG_FIELDS, WORKER_SPEC_FIELDS
 
 logger = logging.getLogger(__name__)
-
-rendezvous_plugin.register()  # --rdzv-backend ft-barrier, through torch's registry
-master_port.install()  # each round's workers' store port below the ephemeral range (no EADDRINUSE race)
 
 MAX_NPROC_PER_NODE = 1024
 """Bound of ``--nproc-per-node`` (each worker also gets a rank monitor process)."""
@@ -64,7 +61,8 @@ LAUNCH_CONFIG_WITHOUT_FIELD = {
 """``LaunchConfig`` fields the launcher reads that older torch lacks -> what such a torch does
 instead: before 2.12 its process context gives workers 30 s from the signal to SIGKILL, before
 2.10 its workers' context handles these four signals, always (``tests/torch_source_checks.py`` checks both on the
-releases without the field). :func:`read_launch_config` sets them on such a torch's config."""
+releases without the field). :func:`launch_config_value` reads them so on such a torch (the config is
+not changed)."""
 WORKER_SPEC_FIELDS_SINCE = ("numa_options", "duplicate_stdout_filters", "duplicate_stderr_filters",
                             "virtual_local_rank")
 """``WorkerSpec`` fields of later torch releases (2.9 to 2.10): passed only where torch has them."""
@@ -143,19 +141,26 @@ def read_launch_config(args: argparse.Namespace, run_dir: str) -> tuple[Any, Any
     finally:
         if temporary_logs:
             args.log_dir = None  # do not advertise the temporary log dir
-    supply_missing_fields(config)
-    ensure_run_id(config)
-    return config, entrypoint, entry_args
+    return with_run_id(config), entrypoint, entry_args
 
 
-def supply_missing_fields(config: Any) -> None:
-    """Give a ``LaunchConfig`` of an older torch the fields it lacks, as that torch behaves.
+def launch_config_value(config: Any, name: str) -> Any:
+    """``config``'s field ``name``, or what a torch whose ``LaunchConfig`` lacks it does instead
+    (:data:`LAUNCH_CONFIG_WITHOUT_FIELD`)."""
+    if name in LAUNCH_CONFIG_WITHOUT_FIELD and name not in LAUNCH_CONFIG_FIELDS:
+        return LAUNCH_CONFIG_WITHOUT_FIELD[name]
+    return getattr(config, name)
 
-    See :data:`LAUNCH_CONFIG_WITHOUT_FIELD`; with every supported field present this does nothing.
-    """
-    for name, value in LAUNCH_CONFIG_WITHOUT_FIELD.items():
-        if name not in LAUNCH_CONFIG_FIELDS:
-            setattr(config, name, value)
+
+def replaced(config: Any, **changes: Any) -> Any:
+    """A new ``LaunchConfig`` like ``config`` with ``changes`` (``dataclasses.replace``; a stand-in
+    of a test or benchmark is copied); ``config`` itself is not changed."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return dataclasses.replace(config, **changes)
+    new = copy.copy(config)
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new
 
 
 def check_torchrun_arguments(args: argparse.Namespace) -> None:
@@ -241,14 +246,14 @@ def check_worker_numbers(config: Any) -> None:
     parse_seconds("--monitor-interval", config.monitor_interval, allow_none=False, maximum=MAX_MONITOR_INTERVAL)
 
 
-def ensure_run_id(config: Any) -> None:
-    """Give the run a random id when ``--rdzv-id`` gave none (as torch's ``launch_agent`` does).
-
-    Done before anything is recorded: every event record carries the run id.
-    """
-    if not config.run_id:
-        config.run_id = str(uuid.uuid4().int)
-        logger.warning("no --rdzv-id given; using the random run id %s", config.run_id)
+def with_run_id(config: Any) -> Any:
+    """``config``, or a new one with a random run id when ``--rdzv-id`` gave none (as torch's
+    ``launch_agent`` does; before anything is recorded: every event record carries the run id)."""
+    if config.run_id:
+        return config
+    run_id = str(uuid.uuid4().int)
+    logger.warning("no --rdzv-id given; using the random run id %s", run_id)
+    return replaced(config, run_id=run_id)
 
 
 # ---------------------------------------------------------------------- rendezvous settings
@@ -271,26 +276,56 @@ ft_launcher's rendezvous defaults, its poll interval and its store watchdog appl
 RDZV_DEFAULT_BACKENDS = STORE_ON_ENDPOINT_BACKENDS
 
 
-def apply_rendezvous_defaults(config: Any) -> list[str]:
-    """Add :data:`RDZV_DEFAULTS` that ``--rdzv-conf`` did not set (c10d only); return their names."""
-    if config.rdzv_backend not in RDZV_DEFAULT_BACKENDS:
+@dataclasses.dataclass(frozen=True)
+class RendezvousPlan:
+    """A run's rendezvous settings from ``--rdzv-conf``, split into torch's and ft_launcher's own.
+
+    Attributes:
+        config: The ``LaunchConfig`` torch gets: a new one whose ``rdzv_configs`` lack
+            ft_launcher's own keys and hold its defaults (the one read from torchrun's arguments
+            is not changed).
+        store_lost_after: The store watchdog's bound (:mod:`launcher.rendezvous.store_watchdog`).
+        poll_interval: How often waiting nodes read the store (:func:`poll_interval_setting`),
+            or None.
+        defaulted: The names of :data:`RDZV_DEFAULTS` that were added.
+    """
+
+    config: Any
+    store_lost_after: float
+    poll_interval: float | None
+    defaulted: tuple[str, ...]
+
+
+def plan_rendezvous(config: Any) -> RendezvousPlan:
+    """Read ft_launcher's own ``--rdzv-conf`` keys and add its defaults (see :class:`RendezvousPlan`).
+
+    Raises:
+        StartFailed: An invalid value of ft_launcher's own keys (a usage error, exit 2).
+    """
+    rdzv_configs = dict(config.rdzv_configs)
+    store_lost_after = store_lost_timeout_setting(rdzv_configs.pop(STORE_LOST_KEY, None))
+    poll_interval = poll_interval_setting(config, rdzv_configs.pop(rendezvous_poll.POLL_INTERVAL_KEY, None))
+    defaulted = tuple(missing_rendezvous_defaults(config.rdzv_backend, rdzv_configs))
+    rdzv_configs.update({key: RDZV_DEFAULTS[key] for key in defaulted})
+    return RendezvousPlan(replaced(config, rdzv_configs=rdzv_configs), store_lost_after, poll_interval, defaulted)
+
+
+def missing_rendezvous_defaults(backend: str, rdzv_configs: dict[str, Any]) -> list[str]:
+    """The names of :data:`RDZV_DEFAULTS` that ``rdzv_configs`` does not set (c10d and ft-barrier only)."""
+    if backend not in RDZV_DEFAULT_BACKENDS:
         return []
-    added = [key for key in RDZV_DEFAULTS if key not in config.rdzv_configs]
-    for key in added:
-        config.rdzv_configs[key] = RDZV_DEFAULTS[key]
-    return added
+    return [key for key in RDZV_DEFAULTS if key not in rdzv_configs]
 
 
-def pop_poll_interval(config: Any) -> float | None:
-    """``--rdzv-conf poll_interval=S`` (ft_launcher's own key, removed before torch sees the
-    settings), else the default for ``--nnodes`` MAX: see :mod:`launcher.rendezvous.poll`.
+def poll_interval_setting(config: Any, raw: Any) -> float | None:
+    """``--rdzv-conf poll_interval=S`` (``raw``: ft_launcher's own key, kept from torch), else the
+    default for ``--nnodes`` MAX: see :mod:`launcher.rendezvous.poll`.
     None unless the job is a multi-node c10d one (nothing polls otherwise), or an ft-barrier one
     with ``poll_interval`` given (its own default is shorter: :mod:`launcher.rendezvous.barrier`).
 
     Raises:
         StartFailed: An invalid value (a usage error, exit 2).
     """
-    raw = config.rdzv_configs.pop(rendezvous_poll.POLL_INTERVAL_KEY, None)
     try:
         interval = (rendezvous_poll.default_poll_interval(config.max_nodes) if raw is None
                     else rendezvous_poll.parse_poll_interval(str(raw)))
@@ -301,14 +336,13 @@ def pop_poll_interval(config: Any) -> float | None:
     return interval if config.rdzv_backend in STORE_ON_ENDPOINT_BACKENDS and config.max_nodes > 1 else None
 
 
-def pop_store_lost_timeout(config: Any) -> float:
-    """``--rdzv-conf store_lost_timeout=S`` (ft_launcher's own key, removed before torch sees the
-    settings): see :mod:`launcher.rendezvous.store_watchdog`.
+def store_lost_timeout_setting(raw: Any) -> float:
+    """``--rdzv-conf store_lost_timeout=S`` (``raw``: ft_launcher's own key, kept from torch), else
+    the default: see :mod:`launcher.rendezvous.store_watchdog`.
 
     Raises:
         StartFailed: An invalid value (a usage error, exit 2).
     """
-    raw = config.rdzv_configs.pop(STORE_LOST_KEY, None)
     if raw is None:
         return DEFAULT_STORE_LOST_TIMEOUT
     try:
@@ -328,7 +362,7 @@ def format_rdzv_conf(config: Any) -> str:
 
 def rendezvous_parameters(config: Any) -> RendezvousParameters:
     """torch's ``RendezvousParameters`` as ``launch_agent`` builds them from a ``LaunchConfig``."""
-    ensure_run_id(config)
+    config = with_run_id(config)
     return RendezvousParameters(
         backend=config.rdzv_backend,
         endpoint=config.rdzv_endpoint,

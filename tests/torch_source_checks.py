@@ -37,9 +37,47 @@ TORCH_PRIVATE_ATTRIBUTES = {
     "_remaining_restarts": "read for the restart count in records and decisions; set to 0 so that "
                            "torch's loop stops instead of restarting (ShutdownWorkload, ExcludeThisNode)",
     "_store": "read after super()._rendezvous(): the round's store, for the cross-node channel",
+    "_pcontext": "read when torch's _monitor_workers cannot parse an error file: the workers' process "
+                 "context's error_files, to drop the unreadable ones",
 }
-"""Every private torch attribute agent.py touches (besides the hooks). ``_shutdown_timeout`` is
-set only through the constructor's ``shutdown_timeout`` argument (see the checks below)."""
+"""Every private torch attribute agent.py touches (besides the hooks), as ``self._x`` or
+``getattr(self, "_x")``. ``_shutdown_timeout`` is set only through the constructor's
+``shutdown_timeout`` argument (see the checks below)."""
+
+DYNAMIC_RENDEZVOUS_MODULE = "torch.distributed.elastic.rendezvous.dynamic_rendezvous"
+TORCH_PRIVATE_NAMES = {
+    "launch_config.py": {
+        "_parse_rendezvous_config": ("torch.distributed.elastic.rendezvous.utils",
+                                     "torchrun's own reading of --rdzv-conf, to check it before the run"),
+    },
+    "torch_compat.py": {
+        "_shutdown": ("torch.distributed.elastic.agent.server.local_elastic_agent",
+                      "its signature: whether this torch's agent takes a stop timeout (a hook, see HOOKS)"),
+    },
+    "rendezvous/poll.py": {
+        "_delay": (DYNAMIC_RENDEZVOUS_MODULE,
+                   "wrapped while a launcher runs: the one-second poll (check_rendezvous_poll)"),
+        "_state_holder": (DYNAMIC_RENDEZVOUS_MODULE, "the handler's state holder, whose cache duration is set"),
+        "_cache_duration": (DYNAMIC_RENDEZVOUS_MODULE, "how long the state holder serves its cached state"),
+    },
+    "rendezvous/store_counter.py": {  # FT_STORE_COUNTS only (a debug counter): check_store_counter
+        "_store": (DYNAMIC_RENDEZVOUS_MODULE, "the handler's store, swapped for the counting one"),
+        "_state_holder": (DYNAMIC_RENDEZVOUS_MODULE, "the way to the c10d backend"),
+        "_backend": (DYNAMIC_RENDEZVOUS_MODULE, "the state holder's c10d backend, whose store is swapped too"),
+    },
+    "rendezvous/membership.py": {  # check_membership
+        "_state_holder": (DYNAMIC_RENDEZVOUS_MODULE, "the shared rendezvous state (participants, wait list)"),
+        "_settings": (DYNAMIC_RENDEZVOUS_MODULE, "settings.min_nodes / max_nodes"),
+        "_heartbeat_lock": (DYNAMIC_RENDEZVOUS_MODULE, "held while the state is read"),
+    },
+}
+"""Every private torch name a launcher module other than agent.py touches (an attribute of an
+object that is not ``self``, a name given to ``getattr``/``hasattr``/``setattr``, a private name
+imported from torch): module (relative to launcher/) -> name -> (the torch module that has it, why).
+:func:`check_private_names` requires the list to be complete and each name to be in its torch module."""
+NOT_TORCH_PRIVATE_NAMES = {"_exit", "_run_exitfuncs", "_option_string_actions"}
+"""Private names of the standard library the launcher uses: ``os._exit``, ``atexit._run_exitfuncs``
+(the warm template), argparse's ``_option_string_actions`` (a close option name in cli.py)."""
 
 LAUNCH_AGENT_CALLS = {
     # what torch's launch_agent calls -> how launcher/launch.py and launch_config.py rebuild it
@@ -219,13 +257,55 @@ def our_agent_defined() -> set[str]:
     return set(_methods(cls)) | self_attributes_assigned(ast.Module(body=[init], type_ignores=[]))  # type: ignore[arg-type]
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _named_in_getattr(node: ast.AST) -> tuple[ast.AST, str] | None:
+    """(object, name) of ``getattr(obj, "_x", ...)``, ``hasattr`` or ``setattr`` with a private name."""
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)):
+        return node.args[0], node.args[1].value
+    return None
+
+
+def _is_self(node: ast.AST) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
 def our_private_uses() -> set[str]:
-    """Private ``self.`` attributes agent.py touches that FaultTolerantAgent does not define."""
+    """Private ``self.`` attributes agent.py touches (also through ``getattr(self, "_x")``) that
+    FaultTolerantAgent does not define."""
     tree = _our_tree("launcher/agent.py")
     used = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name) and node.value.id == "self"
-            and node.attr.startswith("_") and not node.attr.startswith("__")}
+            and _is_self(node.value) and _private(node.attr)}
+    used |= {found[1] for found in map(_named_in_getattr, ast.walk(tree)) if found and _is_self(found[0])}
     return used - our_agent_defined() - set(HOOKS)
+
+
+def private_names_elsewhere() -> dict[str, set[str]]:
+    """Private names each launcher module but agent.py touches on objects other than ``self``,
+    names through ``getattr``/``hasattr``/``setattr``, or imports from torch (see
+    :data:`TORCH_PRIVATE_NAMES`); by module relative to launcher/, the standard library's left out."""
+    found: dict[str, set[str]] = {}
+    for path in sorted((REPO / "launcher").rglob("*.py")):
+        name = path.relative_to(REPO / "launcher").as_posix()
+        if name == "agent.py":
+            continue
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and _private(node.attr) and not _is_self(node.value):
+                names.add(node.attr)
+            elif (named := _named_in_getattr(node)) is not None and not _is_self(named[0]):
+                names.add(named[1])
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                names |= {alias.name for alias in node.names if _private(alias.name)}
+        names -= NOT_TORCH_PRIVATE_NAMES
+        if names:
+            found[name] = names
+    return found
 
 
 def our_torch_imports() -> list[tuple[str, str, str]]:
@@ -394,6 +474,31 @@ def check_private_attributes(src: TorchSource) -> Iterator[str]:
         yield f"FaultTolerantAgent's attributes {sorted(clashes)} now shadow torch's: rename ours"
 
 
+def _has_name(src: TorchSource, module: str, name: str) -> bool:
+    """``module`` defines or imports ``name``, or one of its classes keeps ``self.name`` or has it."""
+    if _defines(src, module, name):
+        return True
+    return any(name in self_attributes_assigned(node) | class_fields(node) | set(_methods(node))
+               for node in ast.walk(src.tree(module)) if isinstance(node, ast.ClassDef))
+
+
+def check_private_names(src: TorchSource) -> Iterator[str]:
+    """Every private torch name the launcher touches outside agent.py is listed, and still torch's."""
+    found = private_names_elsewhere()
+    listed = {module: set(names) for module, names in TORCH_PRIVATE_NAMES.items()}
+    for module in sorted(set(found) | set(listed)):
+        ours, theirs = found.get(module, set()), listed.get(module, set())
+        new, gone = ours - theirs, theirs - ours
+        if new:
+            yield f"launcher/{module} touches private names {sorted(new)} not listed in TORCH_PRIVATE_NAMES"
+        if gone:
+            yield f"launcher/{module} no longer touches {sorted(gone)}: remove them from TORCH_PRIVATE_NAMES"
+    for module, names in TORCH_PRIVATE_NAMES.items():
+        for name, (torch_module, why) in names.items():
+            if not _has_name(src, torch_module, name):
+                yield f"{torch_module} no longer has {name} (launcher/{module}: {why})"
+
+
 def check_data_we_read(src: TorchSource) -> Iterator[str]:
     worker_group = src.cls(AGENT_API, "WorkerGroup")
     group = self_attributes_assigned(worker_group) | set(_methods(worker_group))
@@ -411,6 +516,9 @@ def check_data_we_read(src: TorchSource) -> Iterator[str]:
     for name in ("local_rank", "pid", "exitcode", "message", "error_file"):
         if name not in names:
             yield f"torch's ProcessFailure has no {name!r} any more"
+    pcontext = src.cls("torch.distributed.elastic.multiprocessing.api", "PContext")
+    if "error_files" not in self_attributes_assigned(pcontext):  # agent.py reads it through _pcontext
+        yield "torch's PContext no longer keeps self.error_files"
     signal_exc = _methods(src.cls("torch.distributed.elastic.multiprocessing.api", "SignalException"))["__init__"]
     if "sigval" not in params(signal_exc):
         yield "torch's SignalException no longer takes sigval"
@@ -704,7 +812,7 @@ def check_master_port(src: TorchSource) -> Iterator[str]:
 
 CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (
     check_hooks, check_start_workers_hands_us_envs, check_stop_workers, check_shutdown_timeout,
-    check_invoke_run, check_private_attributes, check_data_we_read, check_environment_variables,
+    check_invoke_run, check_private_attributes, check_private_names, check_data_we_read, check_environment_variables,
     check_launch_agent, check_launch_config, check_torchrun, check_our_imports, check_rendezvous_poll,
     check_c10d_read_timeout, check_membership, check_store_counter, check_master_port,
 )

@@ -380,9 +380,9 @@ def kill_leftovers(worker_pids: list[int], keep: set[int], keep_alone: set[int] 
     """SIGKILL what workers left behind, and reap the ones re-parented to us.
 
     Leftovers are processes in a worker's session (workers start their own) and descendants of
-    this launcher, except the processes in ``keep`` (the monitors) with their descendants, those
-    in ``keep_alone`` (the warm template, whose children are workers) without them, and the
-    launcher's helpers (:func:`set_helper`).
+    this launcher, except the processes in ``keep`` (the monitors) with their descendants and
+    those in ``keep_alone`` (the warm template, whose children are workers; the run's
+    :class:`launcher.node.sentinel.HelperPids`) without them.
 
     A candidate is killed only once a pidfd pins it and it is still ours (:func:`_kill_if_ours`):
     it carries the run token or descends from this launcher. A recorded session id alone proves
@@ -399,7 +399,7 @@ def kill_leftovers(worker_pids: list[int], keep: set[int], keep_alone: set[int] 
     me = os.getpid()
     token = os.environ.get(FT_LAUNCHER_RUN_ENV_VAR) if token is None else token
     needle = f"{FT_LAUNCHER_RUN_ENV_VAR}={token}".encode() if token else None
-    protected = set(keep) | set(keep_alone or ()) | _helper_pids()
+    protected = set(keep) | set(keep_alone or ())
     for pid in keep:
         protected |= descendants(pid, procs)
     sessions = set(worker_pids)
@@ -414,23 +414,6 @@ def kill_leftovers(worker_pids: list[int], keep: set[int], keep_alone: set[int] 
         logger.warning("not killing %s: in a recorded worker session, but not of this run (a reused pid?)", spared)
     _reap_orphans(victims | {info.pid for info in procs if info.ppid == me and info.state == "Z"}, protected)
     return victims
-
-
-_helpers: dict[str, int] = {}  # name -> current pid; the sentinel's watcher thread sets it
-_helpers_lock = threading.Lock()
-
-
-def set_helper(name: str, pid: int) -> None:
-    """Record the current pid of a launcher helper that is started again when it dies (the
-    sentinel): :func:`kill_leftovers` never kills it, whoever calls it (callers that were told
-    the first pid only included)."""
-    with _helpers_lock:
-        _helpers[name] = pid
-
-
-def _helper_pids() -> set[int]:
-    with _helpers_lock:
-        return set(_helpers.values())
 
 
 def _kill_if_ours(pid: int, me: int, needle: bytes | None) -> bool | None:

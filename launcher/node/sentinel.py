@@ -47,7 +47,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 SCRIPT = os.path.abspath(__file__)
 SWEEP_TIMEOUT = 5.0
@@ -351,3 +351,36 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os._exit(main())  # not sys.exit: the reporting thread waits in sigwaitinfo for good
+
+
+class HelperPids:
+    """The current pids of one run's launcher helpers that are started again when they die (the
+    sentinel), by name; iterating gives the pids of now.
+
+    The run owns it and hands it to whoever kills leftovers (as ``keep_alone`` of
+    :func:`launcher.node.processes.kill_leftovers`), so that a helper started again is spared too, also by callers that
+    were told the first pid only. Thread-safe: the sentinel's watcher thread sets a pid.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pids: dict[str, int] = {}
+
+    def set(self, name: str, pid: int) -> None:
+        """``pid`` is now the helper ``name``'s (it replaces the one before)."""
+        with self._lock:
+            self._pids[name] = pid
+
+    def pids(self) -> set[int]:
+        """The helpers' current pids."""
+        with self._lock:
+            return set(self._pids.values())
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.pids())
+
+    def __len__(self) -> int:
+        return len(self.pids())
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self.pids()

@@ -10,8 +10,8 @@ connection can take the port first, and rank 0 fails with ``EADDRINUSE`` (seen i
 use``). Ports below that range are never handed to outgoing connections; only a program that
 binds one on purpose can take it.
 
-:func:`install` puts :func:`pick_master_port` in the place of the name torch's rendezvous calls
-(``torch.distributed.elastic.rendezvous.api.get_free_port``; ``tests/torch_source_checks.py``
+:func:`installed` puts :func:`pick_master_port` in the place of the name torch's rendezvous calls
+(``torch.distributed.elastic.rendezvous.api.get_free_port``) while a launcher runs (``tests/torch_source_checks.py``
 checks that it is still called there). Both torch's c10d rendezvous and
 :mod:`launcher.rendezvous.barrier` build the workers' store address through it.
 """
@@ -23,6 +23,7 @@ import errno
 import logging
 import random
 import socket
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -81,15 +82,27 @@ def pick_master_port(rng: random.Random | None = None, path: str = EPHEMERAL_RAN
     return get_free_port()
 
 
-def install() -> bool:
-    """Make torch's rendezvous pick the workers' store port with :func:`pick_master_port`.
+@contextlib.contextmanager
+def installed() -> Iterator[bool]:
+    """Make torch's rendezvous pick the workers' store port with :func:`pick_master_port` inside
+    the ``with`` block, and put torch's own function back when it ends (also on an error).
 
-    Returns:
+    :class:`launcher.launch.LauncherRun` enters it for the run: importing this module changes
+    nothing of torch.
+
+    Yields:
         False (nothing changed) when this torch's rendezvous has no ``get_free_port`` to replace.
     """
     from torch.distributed.elastic.rendezvous import api
 
-    if not callable(getattr(api, "get_free_port", None)):
-        return False
+    original = getattr(api, "get_free_port", None)
+    if not callable(original):
+        yield False
+        return
     api.get_free_port = pick_master_port
-    return True
+    try:
+        yield True
+    finally:
+        # what was there before, unless someone else replaced ours meanwhile (theirs stays)
+        if api.get_free_port is pick_master_port:
+            api.get_free_port = original

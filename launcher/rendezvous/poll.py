@@ -6,8 +6,9 @@ rendezvous state while it waits for the other nodes (``_delay(seconds=1)`` in
 after each read (``cache_duration=1``). A restart needs several such waits (leave the old round,
 join the new one, see it complete), so on 3 nodes that all entered the rendezvous within 0.1 s
 of each other it took 2.5 s, most of the recovery time after a hang. ft_launcher shortens both
-in its own process: it wraps the module's ``_delay`` (a call with torch's one-second poll sleeps
-the poll interval instead; every other delay passes through unchanged) and sets the handler's
+in its own process, while a launcher runs (:func:`installed`): it wraps the module's ``_delay``
+(a call with torch's one-second poll sleeps the poll interval instead; every other delay passes
+through unchanged) and sets the handler's
 cache duration to the same interval (:func:`apply_to_handler`). Nothing of torch is copied;
 ``tests/torch_source_checks.py`` checks that every supported release still works that way
 (otherwise recovery is as slow as torch's, nothing worse).
@@ -22,8 +23,9 @@ before torch sees the settings).
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ft_core.wire.config_values import ConfigError, parse_seconds
@@ -63,18 +65,27 @@ def parse_poll_interval(raw: str) -> float:
     return value
 
 
-def install(poll_interval: float) -> bool:
-    """Make torch's c10d rendezvous in this process poll every ``poll_interval`` seconds.
+@contextlib.contextmanager
+def installed(poll_interval: float) -> Iterator[bool]:
+    """Make torch's c10d rendezvous in this process poll every ``poll_interval`` seconds inside
+    the ``with`` block; when it ends (also on an error) torch's ``_delay`` is what it was before.
 
-    Calling it again changes the interval. Returns False (and logs why) when this torch's
-    rendezvous module has no ``_delay`` to wrap; the rendezvous then polls at torch's pace.
+    :class:`launcher.launch.LauncherRun` enters it for the run: importing this module changes
+    nothing of torch. Entered again inside the block, the inner one changes the interval until it
+    ends (blocks end in reverse order, as nested ``with`` blocks do; the wrapper never wraps a
+    wrapper).
+
+    Yields:
+        False (and logs why) when this torch's rendezvous module has no ``_delay`` to wrap; the
+        rendezvous then polls at torch's pace.
     """
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     current = getattr(dynamic_rendezvous, "_delay", None)
     if current is None:
         logger.warning("this torch's rendezvous has no _delay; it polls the store at its own pace")
-        return False
+        yield False
+        return
     original: Callable[..., Any] = getattr(current, "torch_delay", current)
 
     def delay(seconds: float | tuple[float, float]) -> None:
@@ -84,7 +95,11 @@ def install(poll_interval: float) -> bool:
 
     delay.torch_delay = original  # type: ignore[attr-defined]
     dynamic_rendezvous._delay = delay
-    return True
+    try:
+        yield True
+    finally:
+        if dynamic_rendezvous._delay is delay:  # a wrapper installed over ours since then stays
+            dynamic_rendezvous._delay = current
 
 
 def apply_to_handler(handler: Any, poll_interval: float) -> bool:

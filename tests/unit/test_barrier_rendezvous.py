@@ -19,9 +19,9 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from launcher.launch_config import (
     RDZV_DEFAULTS,
-    apply_rendezvous_defaults,
     create_rendezvous_handler,
-    pop_poll_interval,
+    plan_rendezvous,
+    replaced,
 )
 from launcher.rendezvous import membership, store_counter
 from launcher.rendezvous import poll as rendezvous_poll
@@ -253,10 +253,12 @@ def test_ft_launchers_rendezvous_code_builds_it_with_its_defaults(server):
     # the LaunchConfig fields launch_config reads (bench/scale.py builds its nodes the same way)
     config = SimpleNamespace(min_nodes=1, max_nodes=2, rdzv_backend=BACKEND, rdzv_endpoint=f"127.0.0.1:{server.port}",
                              run_id="cfg", local_addr=None, rdzv_configs={"is_host": "false"})
-    assert sorted(apply_rendezvous_defaults(config)) == sorted(RDZV_DEFAULTS)
-    assert pop_poll_interval(config) is None  # the handler's own default unless given
-    config.rdzv_configs[rendezvous_poll.POLL_INTERVAL_KEY] = "0.05"
-    assert pop_poll_interval(config) == 0.05
-    handler = create_rendezvous_handler(config)
+    plan = plan_rendezvous(config)
+    assert sorted(plan.defaulted) == sorted(RDZV_DEFAULTS)
+    assert plan.poll_interval is None  # the handler's own default unless given
+    plan = plan_rendezvous(replaced(config, rdzv_configs={**config.rdzv_configs,
+                                                          rendezvous_poll.POLL_INTERVAL_KEY: "0.05"}))
+    assert plan.poll_interval == 0.05
+    handler = create_rendezvous_handler(plan.config)
     assert (handler.keep_alive_interval, handler.keep_alive_max_attempt, handler.last_call_timeout) == (1, 3, 2)
     assert rendezvous_poll.apply_to_handler(handler, 0.05) and handler.poll_interval == 0.05

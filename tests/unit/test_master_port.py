@@ -35,6 +35,17 @@ def test_without_room_below_the_range_torch_picks(tmp_path):
     assert master_port.ephemeral_range(str(tmp_path / "missing")) is None
 
 
-def test_the_launcher_installs_it_in_torchs_rendezvous():
-    assert launch_config.master_port is master_port
-    assert api.get_free_port is master_port.pick_master_port
+def test_it_is_in_torchs_rendezvous_only_inside_the_block_even_after_an_error():
+    # importing the launcher changes nothing (tests/unit/test_torch_untouched.py checks every module)
+    assert launch_config.create_rendezvous_handler
+    torchs = api.get_free_port
+    assert torchs is not master_port.pick_master_port
+    with master_port.installed() as done:
+        assert done and api.get_free_port is master_port.pick_master_port
+    assert api.get_free_port is torchs
+    try:
+        with master_port.installed():
+            raise KeyError("boom")
+    except KeyError:
+        pass
+    assert api.get_free_port is torchs

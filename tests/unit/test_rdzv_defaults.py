@@ -11,9 +11,7 @@ import pytest
 from launcher.launch_config import (
     RDZV_DEFAULTS,
     StartFailed,
-    apply_rendezvous_defaults,
-    pop_poll_interval,
-    pop_store_lost_timeout,
+    plan_rendezvous,
     rendezvous_parameters,
 )
 from launcher.rendezvous.store_watchdog import DEFAULT_STORE_LOST_TIMEOUT, StoreWatchdog
@@ -26,35 +24,39 @@ def config(backend: str = "c10d", **conf: str) -> SimpleNamespace:
 
 def test_c10d_gets_the_fast_recovery_defaults():
     cfg = config()
-    assert sorted(apply_rendezvous_defaults(cfg)) == sorted(RDZV_DEFAULTS)
-    params = rendezvous_parameters(cfg)
+    plan = plan_rendezvous(cfg)
+    assert sorted(plan.defaulted) == sorted(RDZV_DEFAULTS)
+    assert cfg.rdzv_configs == {}  # the config read from torchrun's arguments is not changed
+    params = rendezvous_parameters(plan.config)
     assert params.get_as_int("keep_alive_interval") == 1
     assert params.get_as_int("keep_alive_max_attempt") == 3
     assert params.get_as_int("last_call_timeout") == 2
 
 
 def test_rdzv_conf_overrides_each_default():
-    cfg = config(last_call_timeout="30", keep_alive_interval="5")
-    assert apply_rendezvous_defaults(cfg) == ["keep_alive_max_attempt"]
-    assert cfg.rdzv_configs == {"last_call_timeout": "30", "keep_alive_interval": "5",
-                                "keep_alive_max_attempt": "3"}
+    plan = plan_rendezvous(config(last_call_timeout="30", keep_alive_interval="5"))
+    assert plan.defaulted == ("keep_alive_max_attempt",)
+    assert plan.config.rdzv_configs == {"last_call_timeout": "30", "keep_alive_interval": "5",
+                                        "keep_alive_max_attempt": "3"}
 
 
 def test_other_backends_are_left_alone():
-    cfg = config(backend="static")
-    assert apply_rendezvous_defaults(cfg) == [] and cfg.rdzv_configs == {}
+    plan = plan_rendezvous(config(backend="static"))
+    assert plan.defaulted == () and plan.config.rdzv_configs == {}
 
 
 def test_store_lost_timeout_is_ours_and_removed_before_torch_sees_the_settings():
     cfg = config(store_lost_timeout="4.5", join_timeout="60")
-    assert pop_store_lost_timeout(cfg) == 4.5
-    assert cfg.rdzv_configs == {"join_timeout": "60"}
-    assert pop_store_lost_timeout(config()) == DEFAULT_STORE_LOST_TIMEOUT
+    plan = plan_rendezvous(cfg)
+    assert plan.store_lost_after == 4.5
+    assert {k: v for k, v in plan.config.rdzv_configs.items() if k not in RDZV_DEFAULTS} == {"join_timeout": "60"}
+    assert cfg.rdzv_configs == {"store_lost_timeout": "4.5", "join_timeout": "60"}  # not changed
+    assert plan_rendezvous(config()).store_lost_after == DEFAULT_STORE_LOST_TIMEOUT
 
 
 def test_invalid_store_lost_timeout_is_a_usage_error():
     with pytest.raises(StartFailed) as err:
-        pop_store_lost_timeout(config(store_lost_timeout="soon"))
+        plan_rendezvous(config(store_lost_timeout="soon"))
     assert err.value.exit_code == 2
 
 
@@ -108,15 +110,17 @@ def test_the_poll_interval_grows_with_the_node_count_up_to_torchs_second():
 
 def test_poll_interval_from_rdzv_conf_is_removed_before_torch_sees_it():
     cfg = config(poll_interval="0.05", join_timeout="30")
-    assert pop_poll_interval(cfg) == 0.05
-    assert cfg.rdzv_configs == {"join_timeout": "30"}
-    assert pop_poll_interval(config()) == 0.1  # 3 nodes at most
+    plan = plan_rendezvous(cfg)
+    assert plan.poll_interval == 0.05
+    assert {k: v for k, v in plan.config.rdzv_configs.items() if k not in RDZV_DEFAULTS} == {"join_timeout": "30"}
+    assert cfg.rdzv_configs == {"poll_interval": "0.05", "join_timeout": "30"}  # not changed
+    assert plan_rendezvous(config()).poll_interval == 0.1  # 3 nodes at most
 
 
 @pytest.mark.parametrize("raw", ["0", "2", "fast", "nan", "-1"])
 def test_a_bad_poll_interval_is_a_usage_error_naming_the_key(raw):
     with pytest.raises(StartFailed) as caught:
-        pop_poll_interval(config(poll_interval=raw))
+        plan_rendezvous(config(poll_interval=raw))
     assert str(caught.value) == f"invalid rendezvous configuration: poll_interval={raw!r} (seconds from 0.01 to 1)"
     assert caught.value.exit_code == 2
 
@@ -128,15 +132,22 @@ def test_the_wrapped_delay_shortens_only_torchs_one_second_poll(monkeypatch):
 
     asked = []
     # Stands in for torch's sleep, so that the test does not sleep; restored afterwards.
-    monkeypatch.setattr(dynamic_rendezvous, "_delay", lambda seconds: asked.append(seconds))
-    assert rendezvous_poll.install(0.2)
-    dynamic_rendezvous._delay(seconds=1)
-    dynamic_rendezvous._delay(seconds=(0, 0.3))
-    dynamic_rendezvous._delay(seconds=2)
-    assert asked == [0.2, (0, 0.3), 2]
-    assert rendezvous_poll.install(0.5)  # again: replaces the interval, does not wrap the wrapper
-    dynamic_rendezvous._delay(seconds=1)
-    assert asked[-1] == 0.5 and len(asked) == 4
+    def stand_in(seconds):
+        asked.append(seconds)
+
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", stand_in)
+    with rendezvous_poll.installed(0.2) as done:
+        assert done
+        dynamic_rendezvous._delay(seconds=1)
+        dynamic_rendezvous._delay(seconds=(0, 0.3))
+        dynamic_rendezvous._delay(seconds=2)
+        assert asked == [0.2, (0, 0.3), 2]
+        outer = dynamic_rendezvous._delay
+        with rendezvous_poll.installed(0.5):  # again: changes the interval, does not wrap the wrapper
+            dynamic_rendezvous._delay(seconds=1)
+            assert asked[-1] == 0.5 and len(asked) == 4
+        assert dynamic_rendezvous._delay is outer
+    assert dynamic_rendezvous._delay is stand_in  # what was there before, once the block ends
 
 
 def test_the_handlers_cached_state_lives_no_longer_than_the_poll_interval():

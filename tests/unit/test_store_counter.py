@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch.distributed as dist
 
-from launcher.launch_config import apply_rendezvous_defaults, create_rendezvous_handler
+from launcher.launch_config import create_rendezvous_handler, plan_rendezvous
 from launcher.rendezvous import membership, store_counter
 from launcher.rendezvous import poll as rendezvous_poll
 from launcher.rendezvous.store_channel import StoreChannel
@@ -38,8 +38,7 @@ def _handler(port: int):
     # the LaunchConfig fields the launcher's rendezvous code reads (a LaunchConfig makes a log directory)
     config = SimpleNamespace(min_nodes=1, max_nodes=1, rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{port}",
                              run_id=f"counter{port}", local_addr=None, rdzv_configs={"is_host": "false"})
-    apply_rendezvous_defaults(config)
-    handler = create_rendezvous_handler(config)
+    handler = create_rendezvous_handler(plan_rendezvous(config).config)
     rendezvous_poll.apply_to_handler(handler, 0.0)  # every num_nodes_waiting reads the store
     return handler
 
