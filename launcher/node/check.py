@@ -12,8 +12,9 @@ when a check fails:
 - **GPUs**: where NVML exists (``libnvidia-ml.so.1``, the driver's library), every device must
   answer and report no uncorrected volatile ECC error; elsewhere this check is skipped, once, with
   one line;
-- **the user's check**: ``node_health_check_cmd`` (``/bin/sh -c``), whose exit status counts and
-  whose output goes into the ``node_check`` record, within ``node_health_check_timeout``.
+- **the user's check**: ``node_health_check_cmd`` (``/bin/sh -c``), whose own exit status counts and
+  whose output (its tail) goes into the ``node_check`` record, within ``node_health_check_timeout``;
+  what it leaves running is killed after it (see :func:`check_command`).
 
 Stdlib only (NVML through ``ctypes``).
 """
@@ -24,20 +25,31 @@ import contextlib
 import ctypes
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from launcher.node import check_reaper
+
 logger = logging.getLogger(__name__)
 
 SHM_DIR = "/dev/shm"
 WRITE_PROBE_BYTES = 1 << 20
 MAX_OUTPUT_CHARS = 2000
+OUTPUT_TAIL_BYTES = 64 * 1024
+"""How much of the user's check's output is kept while it runs (its last bytes)."""
+DRAIN_SECONDS = 1.0
+"""How long the output is still read after the check's shell exited."""
+READ_BYTES = 64 * 1024
+POLL_SECONDS = 0.05
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_reaper.py")
 NVML_LIBRARY = "libnvidia-ml.so.1"
 
 
@@ -164,28 +176,124 @@ def check_gpus(library: str = NVML_LIBRARY) -> CheckResult:
 
 
 def check_command(command: str, timeout: float) -> CheckResult:
-    """The user's check: exit status 0 passes; its output is kept (at most 2000 characters). It runs
-    in a session of its own, killed whole (its children too) when it outlives ``timeout``."""
+    """The user's check: passes when ``/bin/sh -c command`` itself exits 0 within ``timeout``.
+
+    What counts is the shell's own exit, not the end of its output: a background job or a daemon
+    it leaves behind (which may hold the output open for ever) neither holds the launcher nor
+    fails the check. The command runs under :mod:`launcher.node.check_reaper`, a helper that is
+    the subreaper of everything the command starts: once the shell exited (or outlived
+    ``timeout`` and was killed), every process left under it is killed, ``setsid`` children
+    included, and if the launcher dies meanwhile the helper kills them all and ends too.
+
+    Output (stdout and stderr) is read as it comes, so a chatty command never blocks on a full
+    pipe, and only its last :data:`OUTPUT_TAIL_BYTES` are kept; the result carries at most
+    :data:`MAX_OUTPUT_CHARS` characters of them. After the shell exits, what it wrote is read
+    for at most :data:`DRAIN_SECONDS` more.
+    """
     started = time.monotonic()
+    out_read, out_write = os.pipe()
+    control_read, control_write = os.pipe()
     try:
-        process = subprocess.Popen(["/bin/sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
+        # the command goes through the environment: no quoting, and no length limit of one argument
+        helper = subprocess.Popen([sys.executable, "-I", "-S", REAPER, repr(float(timeout))],
+                                  stdin=control_read, stdout=subprocess.PIPE, stderr=out_write,
+                                  env=dict(os.environ, FT_NODE_CHECK_COMMAND=command), start_new_session=True)
     except OSError as err:
+        for fd in (out_read, control_write):
+            os.close(fd)
         return CheckResult("command", False, f"cannot run: {err}", time.monotonic() - started)
-    try:
-        output, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        return CheckResult("command", False, f"did not finish within {timeout:g} s", time.monotonic() - started,
-                           _text(output or b""))
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # what it left in its session (a background job)
-    ok = process.returncode == 0
-    return CheckResult("command", ok, f"exit status {process.returncode}", time.monotonic() - started,
-                       _text(output))
+        os.close(out_write)
+        os.close(control_read)
+    tail = _Tail(OUTPUT_TAIL_BYTES)
+    try:
+        # the helper ends once the shell exited or timed out and what it left is killed
+        ended = _read_while_running(helper, out_read, tail, started + timeout + check_reaper.KILL_SECONDS + 5.0)
+        if ended:
+            _drain(out_read, tail, time.monotonic() + DRAIN_SECONDS)
+        status = helper.stdout.read().decode("ascii", "replace").strip() if ended and helper.stdout else ""
+    finally:
+        os.close(control_write)  # the helper's stdin ends: if it still runs, it kills the command's processes
+        if helper.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(helper.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                helper.wait(5.0)
+        os.close(out_read)
+        if helper.stdout:
+            helper.stdout.close()
+    seconds = time.monotonic() - started
+    output = _text(tail.value())
+    kind, _, number = status.partition(" ")
+    if kind == "exit" and number.isdigit():
+        code = int(number)
+        return CheckResult("command", code == 0, f"exit status {code}", seconds, output)
+    if kind == "signal" and number.isdigit():
+        return CheckResult("command", False, f"killed by signal {_signal_name(int(number))}", seconds, output)
+    if kind == "timeout":
+        return CheckResult("command", False, f"did not finish within {timeout:g} s", seconds, output)
+    logger.warning("the node check's helper ended without a status (helper exit %s, status %r)",
+                   helper.returncode, status)
+    return CheckResult("command", False, f"did not finish within {timeout:g} s (its helper did not report)",
+                       seconds, output)
+
+
+class _Tail:
+    """The last ``limit`` bytes of a stream (amortised: trimmed once it holds twice that)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._data = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        self._data += chunk
+        if len(self._data) > 2 * self.limit:
+            del self._data[:-self.limit]
+
+    def value(self) -> bytes:
+        return bytes(self._data[-self.limit:])
+
+
+def _read_while_running(helper: subprocess.Popen, fd: int, tail: _Tail, deadline: float) -> bool:
+    """Read ``fd`` into ``tail`` until ``helper`` ends (True) or ``deadline`` passes (False)."""
+    open_ = True
+    while helper.poll() is None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if not open_:  # every writer closed its end: only the helper's exit is left to wait for
+            try:
+                helper.wait(left)
+            except subprocess.TimeoutExpired:
+                return False
+            return True
+        readable, _, _ = select.select([fd], [], [], min(POLL_SECONDS, left))
+        if readable:
+            chunk = os.read(fd, READ_BYTES)
+            if chunk:
+                tail.add(chunk)
+            else:
+                open_ = False
+    return True
+
+
+def _drain(fd: int, tail: _Tail, deadline: float) -> None:
+    """Read what ``fd`` still holds into ``tail`` until its end or ``deadline``."""
+    while (left := deadline - time.monotonic()) > 0:
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            return
+        chunk = os.read(fd, READ_BYTES)
+        if not chunk:
+            return
+        tail.add(chunk)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return f"{number} ({signal.Signals(number).name})"
+    except ValueError:
+        return str(number)
 
 
 def _text(output: bytes) -> str:
