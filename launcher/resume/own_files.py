@@ -5,9 +5,10 @@ the finished flag. Another user must not be able to fool it (a planted flag ends
 without training; a ``history.tsv`` that is a symbolic link makes the loop, run by root, append
 to any file) nor block it (a lock file they can open, they can lock). So:
 
-- the run directory must belong to this user, and neither its group nor others may write to it:
-  then no one else (root aside) can add, rename or remove an entry in it, and a path in it
-  names what this user put there;
+- the run directory must belong to this user, and others may not write to it, nor its group
+  unless the directory is sticky (``chmod +t``, e.g. a 3770 project directory): then no one
+  else (root aside) can rename or remove an entry in it, and a path in it names what this user
+  put there (an entry a colleague adds in a sticky group directory is theirs, and refused below);
 - no file the loop uses there, and no finished flag wherever it is, may be a symbolic link or
   belong to another user (it was planted, or left from a time when the directory was open);
 - the loop's files are opened with ``O_NOFOLLOW`` and checked once open, and created with
@@ -47,33 +48,55 @@ def _link(path: str) -> ForeignFileError:
                             "files (another user could have made it point anywhere); remove it")
 
 
+MAX_LINKS = 40
+"""The most symbolic links followed on one path (the kernel's own limit, ``ELOOP``)."""
+
+
 def check_path_links(path: str) -> None:
     """Check that no symbolic link on the way to ``path`` belongs to another user (root aside).
 
     A link in a directory open to others (``/scratch/run -> /etc``) would otherwise take the
-    loop, and what it creates, wherever its owner likes. Links of this user or of root are
-    followed; the part of the path that does not exist yet is not examined.
+    loop, and what it creates, wherever its owner likes. Every link is resolved one at a time,
+    as the kernel does, and each one met - in ``path`` itself or in the target of a link
+    followed before - must be this user's or root's: a link of this user that leads through a
+    colleague's link is refused as that link is. The part of the path that does not exist yet is
+    not examined.
 
     Raises:
-        ForeignFileError: Such a link, with its path.
+        ForeignFileError: Such a link, with its path (and the link that led to it), or more than
+            :data:`MAX_LINKS` links on the way (a loop).
     """
-    current = os.sep
-    for part in os.path.abspath(path).split(os.sep):
-        if not part:
+    # the parts still to walk, the next one last; relative paths start at the working directory
+    todo = list(reversed(os.path.join(os.getcwd(), path).split(os.sep)))
+    current, followed = os.sep, []
+    while todo:
+        part = todo.pop()
+        if part in ("", "."):
+            continue
+        if part == "..":  # of the directory reached, as the kernel does: after a link, its target's parent
+            current = os.path.dirname(current)
             continue
         candidate = os.path.join(current, part)
         try:
             info = os.lstat(candidate)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return
-        if stat.S_ISLNK(info.st_mode):
-            if info.st_uid not in (os.getuid(), 0):
-                raise ForeignFileError(f"{candidate} (on the way to {path}) is a symbolic link of uid "
-                                       f"{info.st_uid}, not of this user (uid {os.getuid()}): its owner "
-                                       "decides where it leads; use a path without it")
-            current = os.path.realpath(candidate)
-        else:
+        if not stat.S_ISLNK(info.st_mode):
             current = candidate
+            continue
+        via = f" (reached through {' -> '.join(followed)})" if followed else ""
+        if info.st_uid not in (os.getuid(), 0):
+            raise ForeignFileError(f"{candidate}{via} (on the way to {path}) is a symbolic link of uid "
+                                   f"{info.st_uid}, not of this user (uid {os.getuid()}): its owner "
+                                   "decides where it leads; use a path without it")
+        followed.append(candidate)
+        if len(followed) > MAX_LINKS:
+            raise ForeignFileError(f"more than {MAX_LINKS} symbolic links on the way to {path} (a loop?): "
+                                   "use a path without them")
+        target = os.readlink(candidate)
+        if os.path.isabs(target):
+            current = os.sep
+        todo.extend(reversed(target.split(os.sep)))
 
 
 def check_run_dir(path: str) -> None:
@@ -93,11 +116,15 @@ def check_run_dir(path: str) -> None:
                                f"(uid {os.getuid()}): its owner could plant or change the loop's files "
                                "in it; use a directory of your own as --run-dir")
     mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022:
+    # With the sticky bit, the group may add entries but not rename or remove those of this user:
+    # a name the loop made keeps naming what it made, and an entry a colleague adds under one of
+    # the loop's names belongs to them and is refused where it is read (check_entry, open_own).
+    # Others' write stays refused, sticky or not: anyone on the machine could take those names.
+    if mode & 0o002 or (mode & 0o020 and not mode & stat.S_ISVTX):
         who = "others" if mode & 0o002 else "its group"
         raise ForeignFileError(f"run dir {path} (mode {mode:o}) is writable by {who}: another user could "
-                               f"plant or replace the loop's files in it; run 'chmod go-w {path}' or use "
-                               "another --run-dir")
+                               f"plant or replace the loop's files in it; run 'chmod go-w {path}' (or, for a "
+                               "group directory, 'chmod +t') or use another --run-dir")
 
 
 def check_entry(path: str) -> os.stat_result | None:

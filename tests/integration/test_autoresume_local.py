@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from launcher import exit_codes
+from launcher.resume import own_files
 from tests.lock_holder import LockHolder
 from tests.workers.autoresume_common import (
     FT_LAUNCHER,
@@ -463,6 +465,45 @@ def test_a_run_dir_or_file_another_user_could_have_planted_is_refused(open_run: 
     assert worker_runs(open_run.state_dir) == 0
     assert (open_run.tmp_path / "secret").read_text() == "root only\n"
     assert not (open_run.run_dir / ".lock").exists()
+
+
+# What a colleague in the run dir's group (nobody, gid 65534) does in it: move our history away, and
+# add a file under one of the loop's names. Prints what each step did.
+AS_COLLEAGUE = """
+import json, os, sys
+os.setgid(65534); os.setgroups([]); os.setuid(65534)
+run_dir, name = sys.argv[1], sys.argv[2]
+done = {}
+try:
+    os.rename(os.path.join(run_dir, "history.tsv"), os.path.join(run_dir, "history.old"))
+    done["rename"] = "ok"
+except OSError as err:
+    done["rename"] = err.strerror
+with open(os.path.join(run_dir, name), "w") as planted:
+    planted.write("attempt=999\\n")
+done["planted"] = name
+print(json.dumps(done))
+"""
+
+
+def test_a_sticky_group_run_dir_is_used_and_a_colleague_can_neither_move_nor_plant_what_counts(
+        open_run: LocalRun) -> None:
+    # issue 31 item 12: a 3770 project dir was refused as "writable by its group"
+    open_run.run_dir.mkdir()
+    os.chown(open_run.run_dir, os.getuid(), NOBODY)
+    open_run.run_dir.chmod(0o3770)
+    assert open_run.run(behaviour=["finish"]) == 0, open_run.output()
+    assert worker_runs(open_run.state_dir) == 1
+    name = next(n for n in own_files.RUN_DIR_FILES if not (open_run.run_dir / n).exists())
+    done = subprocess.run([sys.executable, "-c", AS_COLLEAGUE, str(open_run.run_dir), name],
+                          capture_output=True, text=True, timeout=30, check=True)
+    assert json.loads(done.stdout) == {"rename": "Operation not permitted", "planted": name}, done.stderr
+    assert (open_run.run_dir / "history.tsv").exists()
+    # the colleague's file under a loop's name is refused, not trusted
+    open_run.flag.unlink()
+    assert open_run.run(behaviour=["finish"]) == 2, open_run.output()
+    assert f"{open_run.run_dir / name} belongs to uid {NOBODY}" in open_run.output()
+    assert worker_runs(open_run.state_dir) == 1
 
 
 # ---------------------------------------------------------------------------- a scripted launcher

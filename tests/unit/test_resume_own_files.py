@@ -30,12 +30,60 @@ def test_a_link_of_another_user_on_the_way_is_refused_ones_own_are_followed(tmp_
         own_files.check_path_links(str(tmp_path / "theirs" / "run"))
 
 
+# Links on the way to a run dir: (link, its owner, its target), then the path checked and the link
+# the refusal must name (None: accepted). "tmp" is the test's directory; every link is resolved, a
+# link met inside another link's target counts as one in the path itself.
+LINK_CASES = {
+    "own link": ([("mine", 0, "{tmp}/target")], "mine/run", None),
+    "colleague's link": ([("theirs", NOBODY, "{tmp}/target")], "theirs/run", "theirs"),
+    "own link through a colleague's": ([("theirs", NOBODY, "{tmp}/target"), ("mine", 0, "{tmp}/theirs")],
+                                       "mine/run", "theirs"),
+    "own link through a colleague's, relative": ([("theirs", NOBODY, "target"), ("mine", 0, "theirs/sub")],
+                                                 "mine/run", "theirs"),
+    "own link through a colleague's deeper down": ([("theirs", NOBODY, "{tmp}/target"), ("mine", 0, "theirs")],
+                                                   "mine/sub/run", "theirs"),
+    "root's link to own link": ([("mine", 0, "{tmp}/target"), ("roots", 0, "mine")], "roots/run", None),
+    "own link to a colleague's dir link via ..": ([("theirs", NOBODY, "{tmp}/target"),
+                                                   ("mine", 0, "{tmp}/target/sub/../../theirs")], "mine/run",
+                                                  "theirs"),
+    "a dangling own link": ([("mine", 0, "{tmp}/missing/deeper")], "mine/run", None),
+    "a loop": ([("a", 0, "b"), ("b", 0, "a")], "a/run", "more than 40 symbolic links"),
+}
+
+
+@pytest.mark.parametrize("case", LINK_CASES)
+def test_every_link_on_the_way_is_resolved_and_each_must_be_ours_or_roots(tmp_path: Path, case: str) -> None:
+    links, checked, refused = LINK_CASES[case]
+    (tmp_path / "target" / "sub").mkdir(parents=True)
+    for name, owner, target in links:
+        (tmp_path / name).symlink_to(target.format(tmp=tmp_path))
+        os.lchown(tmp_path / name, owner, owner)
+    if refused is None:
+        own_files.check_path_links(str(tmp_path / checked))
+    else:
+        with pytest.raises(ForeignFileError, match=refused):
+            own_files.check_path_links(str(tmp_path / checked))
+
+
+def test_a_relative_path_is_walked_from_the_working_directory(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "target").mkdir()
+    (tmp_path / "theirs").symlink_to(tmp_path / "target")
+    os.lchown(tmp_path / "theirs", NOBODY, NOBODY)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ForeignFileError, match="theirs"):
+        own_files.check_path_links("theirs/run")
+
+
 @pytest.mark.parametrize(("mode", "owner", "message"), [
     (0o755, 0, None),
     (0o700, 0, None),
     (0o755, NOBODY, f"belongs to uid {NOBODY}"),
     (0o775, 0, "mode 775.* writable by its group"),
     (0o1777, 0, "writable by others"),
+    (0o3770, 0, None),  # a sticky group dir: the group adds entries, but cannot rename or remove ours
+    (0o1770, 0, None),
+    (0o2770, 0, "mode 2770.* writable by its group"),
+    (0o3777, 0, "writable by others"),
 ])
 def test_the_run_dir_must_be_ours_and_closed_to_other_writers(tmp_path: Path, mode: int, owner: int,
                                                                message: str | None) -> None:
