@@ -1,7 +1,7 @@
 """torch is changed only while a launcher runs: importing our modules changes nothing of torch.
 
 The launcher puts a few things of its own into torch (the workers' store port picker, the
-rendezvous poll wrapper: :class:`launcher.launch.TorchChanges`). They are installed when a
+rendezvous poll wrapper: ``LauncherRun._change_torch``). They are installed when a
 :class:`launcher.launch.LauncherRun` starts and undone at its teardown, so that a program that
 only imports ``ft_core``, ``launcher`` or ``ptl_resiliency`` (a training script, a test, a
 plain ``torchrun`` that loads our rendezvous plug-in) runs on an unchanged torch.
