@@ -36,7 +36,21 @@ from ptl_resiliency._checkpoint_hooks import KIND_FINALIZE, KIND_SAVE, uses_asyn
 from ptl_resiliency._lightning import pl
 
 
-class HeartbeatDriver:
+class _Driver:
+    """What both drivers hold: the callback's session and logger, and whether this run calculates timeouts.
+
+    Args:
+        session: The callback's session (the client while connected).
+        log: The callback's logger.
+    """
+
+    def __init__(self, session: FrontEndSession, log: RankLoggerAdapter) -> None:
+        self._session = session
+        self._log = log
+        self._calculate_timeouts = False
+
+
+class HeartbeatDriver(_Driver):
     """Heartbeats: at train start, after every training and validation batch, around validation,
     after every checkpoint save, at train end and at the end of the run.
 
@@ -51,10 +65,8 @@ class HeartbeatDriver:
     """Heartbeats need ``trainer.save_checkpoint`` only, not the checkpoint IO's own work."""
 
     def __init__(self, session: FrontEndSession, log: RankLoggerAdapter) -> None:
-        self._session = session
-        self._log = log
+        super().__init__(session, log)
         self.policy = HeartbeatsPolicy(False)  # a placeholder until start() makes this run's
-        self._calculate_timeouts = False
 
     # ------------------------------------------------------------------ set-up and tear-down
 
@@ -138,7 +150,7 @@ class HeartbeatDriver:
         return stop is not None and stop.step_ended(session.collectives)
 
 
-class SectionsDriver:
+class SectionsDriver(_Driver):
     """Sections: ``setup`` from set-up to the first batch, ``step`` around each batch after the
     warm-up ones, ``checkpointing`` around checkpoint saving (see
     :class:`~ptl_resiliency.FaultToleranceSectionsCallback`).
@@ -154,10 +166,8 @@ class SectionsDriver:
     """The checkpoint IO's own save, remove and finalisation are ``checkpointing`` too."""
 
     def __init__(self, session: FrontEndSession, log: RankLoggerAdapter) -> None:
-        self._session = session
-        self._log = log
+        super().__init__(session, log)
         self.policy = SectionsPolicy(False)  # a placeholder until start() makes this run's
-        self._calculate_timeouts = False
 
     # ------------------------------------------------------------------ set-up and tear-down
 
