@@ -95,12 +95,12 @@ def start_and_restart(case, run: CaseRun) -> int:
 def helper_pids(run: CaseRun, cycle: int) -> dict[str, int]:
     """The launcher's helper processes: sentinel, monitors, warm template, stand-ins."""
     launcher = run.launchers["a"]
-    helpers = {"sentinel": launcher.events.log("launcher_start")[0]["sentinel_pid"]}
-    for index, pid in enumerate(launcher.events.log("monitors_started")[0]["monitor_pids"]):
+    helpers = {"sentinel": launcher.events("launcher_start")[0]["sentinel_pid"]}
+    for index, pid in enumerate(launcher.events("monitors_started")[0]["monitor_pids"]):
         helpers[f"monitor {index}"] = pid
-    for event in launcher.events.log("warm_template_started"):
+    for event in launcher.events("warm_template_started"):
         helpers["warm template"] = event["pid"]
-    stand_ins = launcher.events.log("cycle_start")[cycle].get("stand_in_pids") or {}
+    stand_ins = launcher.events("cycle_start")[cycle].get("stand_in_pids") or {}
     for local_rank, pid in stand_ins.items():
         helpers[f"stand-in {local_rank}"] = pid
     return helpers
@@ -153,8 +153,8 @@ def repeated_stop_signals(case, run: CaseRun) -> None:
     """
     launcher = run.launch(case.launcher_args(run) + case.worker_args(run))
     run.wait_for(lambda: started(run, 0) and template_ready(run), 60, "both workers and the warm template")
-    run.info["monitors"] = launcher.events.log("monitors_started")[0]["monitor_pids"]
-    run.info["template"] = launcher.events.log("warm_template_started")[0]["pid"]
+    run.info["monitors"] = launcher.events("monitors_started")[0]["monitor_pids"]
+    run.info["template"] = launcher.events("warm_template_started")[0]["pid"]
     os.kill(run.info["template"], signal.SIGSTOP)
     send(run, signal.SIGTERM, "launcher")
     wait_for(lambda: not any(alive(pid) for pid in run.info["monitors"]) or launcher.proc.poll() is not None, 30,
@@ -217,10 +217,10 @@ def check_signal_run(case, run: CaseRun) -> None:
         assert (run.dir / f"cycle{cycle}_rank{rank}.stopped").exists(), "the stop handler was cut short"
     # every helper survived the relayed signals (checked right before the stop signal)
     assert all(run.info["helpers"].values()), run.info["helpers"]
-    assert not launcher.events.log("monitor_died") and not launcher.events.log("warm_template_replaced")
+    assert not launcher.events("monitor_died") and not launcher.events("warm_template_replaced")
     if case.extra.get("restart"):
-        assert launcher.events.log("cycle_start")[1]["warm_start"] is is_warm(case)
-    received = launcher.events.log("signal_received")
+        assert launcher.events("cycle_start")[1]["warm_start"] is is_warm(case)
+    received = launcher.events("signal_received")
     assert [(r["signal"], r["job_wide"]) for r in received] == [
         (sig.name, case.extra["delivery"] == "job") for sig in case.extra["signals"]], received
 
@@ -236,16 +236,16 @@ def check_queued(case, run: CaseRun) -> None:
     for rank in (0, 1):
         got = handled(run, 1, rank)
         assert collections.Counter(got) == {"SIGUSR1": 1, "SIGTERM": 1}, (rank, got)
-    queued = [e for e in launcher.events.log("signal_forwarded") if e["queued"]]
+    queued = [e for e in launcher.events("signal_forwarded") if e["queued"]]
     workers = {record(run, 1, rank)["pid"] for rank in (0, 1)}
     assert {pid for e in queued for pid in e["worker_pids"]} == workers, queued
-    assert [e["cycle"] for e in launcher.events.log("cycle_start")] == [0, 1]
+    assert [e["cycle"] for e in launcher.events("cycle_start")] == [0, 1]
 
 
 def check_second_signal(case, run: CaseRun) -> None:
     launcher = run.launchers["a"]
     assert "again while stopping" in launcher.log()
-    result = launcher.events.log("result")
+    result = launcher.events("result")
     assert [(r["outcome"], r["exit_code"]) for r in result] == [("signal SIGTERM", 0)], result
     assert not alive(run.info["template"])
 
@@ -253,7 +253,7 @@ def check_second_signal(case, run: CaseRun) -> None:
 def check_forced(case, run: CaseRun) -> None:
     launcher = run.launchers["a"]
     assert "a third time: forcing the stop" in launcher.log()
-    result = launcher.events.log("result")
+    result = launcher.events("result")
     assert [(r["outcome"], r["exit_code"]) for r in result] == [("forced stop (SIGTERM)", 128 + signal.SIGTERM)]
     assert not alive(run.info["template"])
 
@@ -274,11 +274,11 @@ def check_findable(case, run: CaseRun) -> None:
     # script's command line, as with torchrun) - neither a stand-in nor the template
     assert set(run.info["pgrep"]) - {run.info["launcher_pid"]} == set(workers.values()), (run.info, helpers)
     assert run.info["stopped_state"] == "T"
-    cycle = launcher.events.log("cycle_start")[1]
+    cycle = launcher.events("cycle_start")[1]
     assert cycle["warm_start"] is True
     assert cycle["worker_pids"] == {str(rank): pid for rank, pid in workers.items()}, cycle
     assert set(cycle["stand_in_pids"].values()).isdisjoint(workers.values()), cycle
-    failure = next(f for f in launcher.events.log("failure") if f["cycle"] == 1 and f["cause_kind"] != "terminated")
+    failure = next(f for f in launcher.events("failure") if f["cycle"] == 1 and f["cause_kind"] != "terminated")
     assert (failure["rank"], failure["worker_pid"]) == (1, workers[1]), failure
     line = next(line for line in launcher.log().splitlines() if line.startswith("[ft_launcher] cycle 1: rank 1"))
     assert f"pid {workers[1]})" in line, line

@@ -155,7 +155,7 @@ def kill_launcher(case: Case, run: CaseRun) -> None:
 def kill_monitor(case: Case, run: CaseRun) -> None:
     launcher = run.launch(case.launcher_args(run) + case.worker_args(run))
     run.wait_for(lambda: both_started(run), 30, "both workers of cycle 0")
-    run.info["monitor"] = launcher.events.log("monitors_started")[0]["monitor_pids"][0]
+    run.info["monitor"] = launcher.events("monitors_started")[0]["monitor_pids"][0]
     os.kill(run.info["monitor"], signal.SIGKILL)
     launcher.finish(case.budget)
 
@@ -192,7 +192,7 @@ def two_nodes(case: Case, run: CaseRun) -> None:
             + case.worker_args(run, dirs[name]) + plans, name=name)
     a, b = launchers["a"], launchers["b"]
     run.wait_for(lambda: a.events("cycle_start") and b.events("cycle_start"), 60, "both nodes to start workers")
-    sizes = [launcher.events.log("cycle_start")[0]["group_world_size"] for launcher in (a, b)]
+    sizes = [launcher.events("cycle_start")[0]["group_world_size"] for launcher in (a, b)]
     assert sizes == [2, 2], f"the nodes did not form one two-node group: {sizes}"
     if case.extra.get("kill_b"):
         run.wait_for(lambda: list(dirs["a"].glob("cycle0_rank*.group.json"))
@@ -270,13 +270,13 @@ def cause_is_in_stderr(run: CaseRun, failure: dict) -> None:
 def check_collective(case: Case, run: CaseRun) -> None:
     launcher = run.launchers["a"]
     assert run.record(0, 1, ".waiting"), "rank 1 never entered the collective"
-    failures = [f for f in launcher.events.log("failure") if f["cycle"] == 0]
+    failures = [f for f in launcher.events("failure") if f["cycle"] == 0]
     root = failures[0]
     assert (root["rank"], root["cause_kind"], root["cause"]) == (0, "exit", "exit code 1"), failures
     # The peer was stopped by the launcher, or failed on its own with gloo's error first.
     assert [(f["rank"], f["cause_kind"] in ("terminated", "exit")) for f in failures[1:]] == [(1, True)], failures
     # The peer stuck in all_reduce did not hold the restart up (torch would wait 30 s for it).
-    restart = launcher.events.log("cycle_start")[1]
+    restart = launcher.events("cycle_start")[1]
     assert restart["since_failure_s"] < 10, restart
 
 
@@ -287,9 +287,9 @@ def check_error_recorded(case: Case, run: CaseRun) -> None:
 
 def check_monitor_killed(case: Case, run: CaseRun) -> None:
     launcher = run.launchers["a"]
-    died = launcher.events.log("monitor_died")
+    died = launcher.events("monitor_died")
     assert [(e["cycle"], e["local_rank"]) for e in died] == [(0, 0)]
-    replaced = launcher.events.log("monitor_replaced")
+    replaced = launcher.events("monitor_replaced")
     assert [(e["cycle"], e["local_rank"]) for e in replaced] == [(1, 0)]
     # Training went on without the monitor: rank 0 finished cycle 0 and noticed the loss.
     assert run.record(0, 0, ".done")["monitor_lost"] is True
@@ -352,12 +352,12 @@ def check_node_excluded(case: Case, run: CaseRun) -> None:
 
 def check_warm_control_request(case: Case, run: CaseRun) -> None:
     launcher = run.launchers["a"]
-    cycles = launcher.events.log("cycle_start")
+    cycles = launcher.events("cycle_start")
     assert cycles[1]["warm_start"] is True  # forked by the template: torch knows only its trampoline
-    requests = launcher.events.log("control_request")
+    requests = launcher.events("control_request")
     assert [(r["action"], r["cycle"], r["rank"]) for r in requests] == [("ShutdownWorkload", 1, 0)]
     assert "not a worker of this launcher" not in launcher.log()
-    first = launcher.events.log("failure")[0]
+    first = launcher.events("failure")[0]
     assert (first["cycle"], first["rank"], first["cause"]) == (0, 1, "exit code 1")
 
 
@@ -546,7 +546,7 @@ def test_fault(case: Case, fault: Root | None, matrix) -> None:
     assert run.error is None, f"{run.error}\n{run.describe()}"
     launcher = run.launchers["a"]
     assert launcher.code == case.exit_code, run.describe()
-    events = launcher.events.log()
+    events = launcher.events()
     log = launcher.log()
     if case.outcome is not None:
         result = [e for e in events if e["event"] == "result"]
