@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 import traceback
 from types import TracebackType
@@ -119,9 +118,6 @@ def _write_error_file(path: str, exception: BaseException) -> None:
             os.unlink(temporary)
 
 
-_install_lock = threading.Lock()
-
-
 class _RecordingExceptHook:
     """``sys.excepthook`` that writes the exception ending the rank to torch's error file, then
     hands it to the hook it replaced (which prints the traceback as before)."""
@@ -161,8 +157,8 @@ def install_error_recording(log: Logger) -> bool:
     """
     if not os.environ.get(TORCH_ERROR_FILE_ENV_VAR):
         return False
-    with _install_lock:
-        if isinstance(sys.excepthook, _RecordingExceptHook):
-            return False
-        sys.excepthook = _RecordingExceptHook(sys.excepthook, log)
+    # The state is the interpreter's own hook (as a signal handler is): ours once, found by its type.
+    if isinstance(sys.excepthook, _RecordingExceptHook):
+        return False
+    sys.excepthook = _RecordingExceptHook(sys.excepthook, log)
     return True
