@@ -3,7 +3,9 @@
 Call order (as in the reference's heartbeats and sections API guides):
 
 1. ``init_workload_monitoring()`` connects to this rank's monitor (path from
-   ``FT_RANK_MONITOR_IPC_SOCKET``, set by ``ft_launcher``) and receives the effective config.
+   ``FT_RANK_MONITOR_IPC_SOCKET``, set by ``ft_launcher``) and receives the effective config. It
+   also chains a ``sys.excepthook`` that writes the exception ending the rank to torch's error
+   file, as ``@record`` would (:func:`ft_core.client.run_errors.install_error_recording`).
 2. Optionally ``load_state_dict()`` with timeouts saved by an earlier run (before or after 1).
 3. ``send_heartbeat()`` periodically and/or ``start_section(name)`` / ``end_section(name)``.
 4. Optionally ``calculate_and_set_hb_timeouts()`` / ``calculate_and_set_section_timeouts()``
@@ -34,6 +36,7 @@ from typing import Any, Optional
 from ft_core.client import state as client_state
 from ft_core.client.connection import MonitorConnection, send_to_launcher
 from ft_core.client.ranklog import configure_rank_logging, rank_logger
+from ft_core.client.run_errors import install_error_recording
 from ft_core.client.timeout_bounds import (
     OUT_OF_SECTION,
     CalculatedMinimums,
@@ -147,6 +150,9 @@ class RankMonitorClient:
             )
         self.rank_info = _rank_info_from_env()
         self._log.set_rank(self.rank_info.get("rank"))
+        # The exception that ends this rank reaches the launcher's failure line and crash-loop
+        # fingerprint also when the script has no torch @record.
+        install_error_recording(self._log)
         conn, handshake = MonitorConnection.open(path, self.rank_info, self._log)
         self.cfg = handshake.config
         # log_level applies to the rank's fault tolerance loggers as it does to the monitors'.

@@ -8,6 +8,8 @@ replaced, and the innermost frame of the user's code. :class:`CrashLoopGuard` wa
 fingerprint and the step of each failed cycle's root and says stop when the same fingerprint ends
 ``max_cycles`` consecutive cycles without the step moving on by ``min_progress_steps``, or before
 the first step each time (:func:`failed_before_first_step`: a setup error no restart can fix).
+A root killed from outside (:func:`killed_from_outside`: SIGKILL, SIGTERM ... and no exception of
+its own) is never a repeat: who was killed is no fingerprint of a bug.
 
 A bad node and a bug look the same to that rule; where they differ is where the root was. When
 every failure of the run had its root on one node and the job can go on without that node (the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,16 +46,58 @@ _EXIT_CODE = re.compile(r"exit code (\d+)")
 _PID = re.compile(r"\bpid[ =:]*\d+", re.IGNORECASE)
 _OWN_ERROR = re.compile(r"^exit code \d+: \S")  # failures.py's cause for an exit with the rank's exception
 _SPACE = re.compile(r"\s+")
+# A path: from a "/" that starts a word (or follows "~", "." or "..") up to white space, a quote or a bracket.
+_PATH = re.compile(r"(?<![\w.~/-])(?:~|\.{1,2})?/[^\s'\"`()<>\[\]{},;|]+")
+# Directory names that hold what lives for one run only: temp dirs (/tmp, /var/tmp, a job's
+# $TMPDIR/tmp), shared memory, tempfile's random names (tmp + 8 characters) and pytest's tmp_path.
+_TEMP_DIR = re.compile(r"(?i)^(?:tmp|temp|tmpdir|shm|tmp[a-z0-9_]{8}|pytest-of-.+|pytest-\d+)$")
+_TEMP_NAME = re.compile(r"(?<![A-Za-z0-9])tmp[a-z0-9_]{8}(?![A-Za-z0-9_])")  # tempfile's, outside a path
+_UUID = re.compile(r"(?i)(?<![0-9a-f])[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?![0-9a-f])")
+# An ISO 8601 date with its time (the hour too: "T13" escapes the number rule), or a compact
+# 20240501-130722 / 20240501T130722 / 20240501_130722 stamp.
+_TIMESTAMP = re.compile(
+    r"(?<!\d)\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?(?!\d)"
+    r"|(?<!\d)(?:19|20)\d{6}[T_-]?\d{6}(?!\d)")
+# A run of 8+ hex digits with a digit in it (ids, hashes, a uuid without dashes); a word of the
+# letters a-f alone is a word.
+_HEX_RUN = re.compile(r"(?i)(?<![0-9a-z])(?=[a-f]*\d)[0-9a-f]{8,}(?![0-9a-z])")
 MAX_TEXT_CHARS = 300
 
 
+def _temp_path(match: re.Match[str]) -> str:
+    """``<tmp>/name`` for a path with a temp directory in it: the directories under it differ
+    from run to run (tempfile's random names, pytest's counters), the file's name tells two
+    failures apart. Any other path as it is."""
+    path = match.group(0)
+    parts = path.split("/")
+    for at, part in enumerate(parts[:-1]):
+        # /dev/shm and /var/tmp are caught by their second part
+        if _TEMP_DIR.match(part):
+            rest = parts[at + 1:]
+            return "<tmp>/" + rest[-1] if rest and rest[-1] else "<tmp>"
+    return path
+
+
 def normalise(text: str) -> str:
-    """``text`` with what changes between two runs of the same failure replaced: addresses by
-    ``0x?``, pids and other numbers (not an exit code) by ``N``, runs of white space by one space;
-    at most 300 characters."""
+    """``text`` with what changes between two runs of the same failure replaced.
+
+    Replaced: a path through a temp directory by ``<tmp>/`` and its last part (a directory named
+    ``tmp``, ``temp``, ``tmpdir`` or ``shm``, tempfile's ``tmpXXXXXXXX``, pytest's
+    ``pytest-of-USER``/``pytest-N``: recognised by its shape, not by this node's ``$TMPDIR``, so
+    that every node reads the same fingerprint from the root's text; a ``$TMPDIR`` of the job is
+    the same for every cycle), tempfile's random names elsewhere by ``tmp?``, UUIDs by
+    ``<uuid>``, ISO dates and times by ``<time>``, addresses by ``0x?``, runs of 8 or more hex
+    digits by ``<hex>``, pids and other numbers (not an exit code) by ``N`` (ports too), runs of
+    white space by one space; at most 300 characters.
+    """
     text = _EXIT_CODE.sub(r"exit code #\1", text)  # an exit code tells failures apart: kept
+    text = _PATH.sub(_temp_path, text)
+    text = _TEMP_NAME.sub("tmp?", text)
+    text = _UUID.sub("<uuid>", text)
+    text = _TIMESTAMP.sub("<time>", text)
     text = _PID.sub("pid N", text)
     text = _ADDRESS.sub("#address", text)
+    text = _HEX_RUN.sub("<hex>", text)
     text = _NUMBER.sub("N", text).replace("exit code #", "exit code ").replace("#address", "0x?")
     return _SPACE.sub(" ", text).strip()[:MAX_TEXT_CHARS]
 
@@ -126,6 +171,46 @@ def failed_before_first_step(root: RankState) -> bool:
     return progress.step is None and not progress.heartbeats and progress.section_since is None
 
 
+OUTSIDE_SIGNALS = frozenset({"SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGXCPU"})
+"""Signals another process sends (the OOM killer, an operator, the scheduler's preemption or time
+limit); a fault of the rank's own code raises SIGSEGV, SIGBUS, SIGFPE, SIGILL or SIGABRT instead."""
+_SIGNAL_CAUSE = re.compile(r"^signal (\w+)$")
+_BARE_EXIT = re.compile(r"^exit code (\d+)$")
+
+
+def _signal_name(number: int) -> str | None:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+def killed_from_outside(root: RankState) -> bool:
+    """Whether a cycle's root died by a signal from outside, with nothing of its own to tell why.
+
+    True for a crash whose cause is ``signal SIGKILL`` (or SIGTERM, SIGINT, SIGHUP, SIGQUIT,
+    SIGUSR1, SIGUSR2, SIGXCPU: :data:`OUTSIDE_SIGNALS`), or a bare exit code 128 + one of them (a
+    rank under a shell that was killed), when the rank left no exception (the cause has no
+    ``: Type: message``) and its stacks hold no frame of the user's code. Such a death says who
+    was killed, not what failed: the OOM killer acting for another tenant, an operator or a
+    preemption kill at steps 25 and 23 is not a bug that a restart cannot fix. The crash-loop
+    guard never counts it as a repeat (``--max-restarts`` bounds it). A rank's own fault signal
+    (SIGSEGV, SIGABRT, ...) at the same step is fingerprinted as before.
+    """
+    if root.outcome != culprit.CRASH:
+        return False
+    by_signal, bare_exit = _SIGNAL_CAUSE.match(root.cause), _BARE_EXIT.match(root.cause)
+    if by_signal is not None:
+        name: str | None = by_signal.group(1)
+    elif bare_exit is not None and int(bare_exit.group(1)) > 128:
+        name = _signal_name(int(bare_exit.group(1)) - 128)
+    else:
+        return False
+    if name not in OUTSIDE_SIGNALS:
+        return False
+    return not (root.stack_frames and innermost_user_frame(list(root.stack_frames)))
+
+
 @dataclass(frozen=True)
 class CycleFailure:
     """One failed cycle as the guard sees it.
@@ -137,6 +222,7 @@ class CycleFailure:
         node: The root's node (a name every node gives it alike, e.g. ``node2 (group rank 1)``),
             None if unknown (such a run never makes a node leave).
         before_first_step: The root raised before its first step (:func:`failed_before_first_step`).
+        from_outside: The root was killed from outside (:func:`killed_from_outside`): never a repeat.
     """
 
     cycle: int
@@ -144,6 +230,7 @@ class CycleFailure:
     step: int | None
     node: str | None = None
     before_first_step: bool = False
+    from_outside: bool = False
 
 
 @dataclass(frozen=True)
@@ -176,9 +263,12 @@ class CrashLoopGuard:
 
     A cycle whose step is unknown (a script that never reports a step) neither counts as a repeat
     nor as progress: without a step a crash loop is bounded by ``--max-restarts`` alone, and a
-    transient failure is never taken for a repeat. The exception: cycles whose root raised its own
-    exception before its first step (:attr:`CycleFailure.before_first_step`) made no step to
-    compare, and with one fingerprint they repeat (a setup error fails every restart alike).
+    transient failure is never taken for a repeat. Nor does a cycle whose root was killed from
+    outside (:attr:`CycleFailure.from_outside`: a SIGKILL or SIGTERM and no exception of its own)
+    count: two kills of another process's making are not one bug, whatever their steps. The
+    exception: cycles whose root raised its own exception before its first step
+    (:attr:`CycleFailure.before_first_step`) made no step to compare, and with one fingerprint
+    they repeat (a setup error fails every restart alike).
     """
 
     def __init__(self, max_cycles: int = DEFAULT_MAX_NO_PROGRESS_CYCLES,
@@ -232,7 +322,7 @@ class CrashLoopGuard:
         self._run = []
 
     def _repeats(self, last: CycleFailure, new: CycleFailure) -> bool:
-        if new.fingerprint != last.fingerprint:
+        if new.fingerprint != last.fingerprint or new.from_outside or last.from_outside:
             return False
         if new.before_first_step and last.before_first_step:
             return True  # the same error before any step: nothing moved on

@@ -26,7 +26,7 @@ from ft_core.monitor.deadlines import HangKind
 from ft_core.wire.messages import Progress, ProgressReport, RankHang, StacksCaptured, StackSummary
 from ft_core.wire.stacks import innermost_user_frame
 from launcher.decision import culprit
-from launcher.decision.crash_loop import Fingerprint, failed_before_first_step, fingerprint
+from launcher.decision.crash_loop import Fingerprint, failed_before_first_step, fingerprint, killed_from_outside
 from launcher.decision.culprit import COLLATERAL, LOST, ROOT, LostNode, RankState
 from launcher.decision.unwinding import caller_frame, ending_reason, is_own_frame
 
@@ -116,6 +116,8 @@ class FailureRecord:
         root_step: The root rank's last step, None if unknown.
         root_before_first_step: The root raised its own exception before its first step
             (:func:`launcher.decision.crash_loop.failed_before_first_step`).
+        root_from_outside: The root was killed by a signal from outside with no exception of its
+            own (:func:`launcher.decision.crash_loop.killed_from_outside`): never a repeat.
     """
 
     cycle: int
@@ -136,6 +138,7 @@ class FailureRecord:
     fingerprint: Fingerprint | None = None
     root_step: int | None = None
     root_before_first_step: bool = False
+    root_from_outside: bool = False
 
     @property
     def user_frame(self) -> str | None:
@@ -246,10 +249,11 @@ def failure_records(
     cycle_fingerprint = fingerprint(root) if root is not None else None
     root_step = root.progress.step if root is not None and root.progress is not None else None
     before_first_step = root is not None and failed_before_first_step(root)
+    from_outside = root is not None and killed_from_outside(root)
     for record, state in zip(records, states, strict=True):
         _explain(record, state, root, collateral, evidence)
         record.fingerprint, record.root_step = cycle_fingerprint, root_step
-        record.root_before_first_step = before_first_step
+        record.root_before_first_step, record.root_from_outside = before_first_step, from_outside
     records.sort(key=lambda r: (r.role != ROOT, r.kind == KIND_TERMINATED, r.kind != KIND_HANG,
                                 r.detected_at, r.local_rank))
     return records

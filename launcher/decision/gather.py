@@ -76,7 +76,7 @@ class CycleFailures:
         can_lose_a_node = (worker_group.group_world_size or 1) - 1 >= self.policy.min_nodes
         verdict = (self._guard.on_failure(
             CycleFailure(cycle, first.fingerprint, first.root_step, self._root_node(first, worker_group),
-                         first.root_before_first_step),
+                         first.root_before_first_step, first.root_from_outside),
             can_lose_a_node) if first.fingerprint is not None else None)
         return self._facts(worker_group, remaining_restarts, records=tuple(records), healthy_nodes=healthy,
                            crash_loop=verdict)

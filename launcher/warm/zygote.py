@@ -351,7 +351,12 @@ class Zygote:
         except SystemExit as exc:
             code = _exit_code(exc)
         except BaseException:  # anything the user's script raises: as the interpreter would, exit 1
-            traceback.print_exc()
+            # The interpreter hands it to sys.excepthook (ours records it for the launcher; a
+            # script's own hook runs as in a cold start); a hook that fails prints both.
+            try:
+                sys.excepthook(*sys.exc_info())
+            except BaseException:
+                traceback.print_exc()
             code = 1
         try:
             atexit._run_exitfuncs()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from ft_core.wire.messages import Progress
@@ -12,6 +14,7 @@ from launcher.decision.crash_loop import (
     Fingerprint,
     failed_before_first_step,
     fingerprint,
+    killed_from_outside,
     normalise,
 )
 from launcher.decision.culprit import RankState
@@ -35,6 +38,75 @@ def state(cause: str = "exit code 1: ValueError: bad shard 17", outcome: str = c
     ("x" * 400, "x" * 300),
 ])
 def test_normalise_replaces_what_changes_between_runs(text: str, expected: str) -> None:
+    assert normalise(text) == expected
+
+
+# Issue 31 item 6: incidental text that differs every cycle of one bug (real messages).
+@pytest.mark.parametrize("first,second", [
+    # tempfile.mkdtemp() directories, /tmp and $TMPDIR-style temp dirs
+    ("exit code 1: FileNotFoundError: [Errno 2] No such file or directory: '/tmp/tmpk3j2l1ab/shard_3.bin'",
+     "exit code 1: FileNotFoundError: [Errno 2] No such file or directory: '/tmp/tmpq9x_0zcd/shard_3.bin'"),
+    ("exit code 1: OSError: cannot open /var/tmp/job-1234/cache/tmp4f8a_bz1/index.json",
+     "exit code 1: OSError: cannot open /var/tmp/job-1290/cache/tmpz00p1qxw/index.json"),
+    ("exit code 1: RuntimeError: checkpoint /scratch/alice/tmp/run-7f3a/model.pt is truncated",
+     "exit code 1: RuntimeError: checkpoint /scratch/alice/tmp/run-91bd/model.pt is truncated"),
+    ("exit code 1: RuntimeError: shm /dev/shm/nccl-Ab12Cd/buffer gone",
+     "exit code 1: RuntimeError: shm /dev/shm/nccl-x9QzT0/buffer gone"),
+    # pytest's tmp_path
+    ("exit code 1: AssertionError: /tmp/pytest-of-alice/pytest-12/test_resume0/ckpt/last.ckpt differs",
+     "exit code 1: AssertionError: /tmp/pytest-of-alice/pytest-13/test_resume0/ckpt/last.ckpt differs"),
+    # a temp file's name alone
+    ("exit code 1: ValueError: bad header in tmpab12cd3e.json",
+     "exit code 1: ValueError: bad header in tmp0_zz91ka.json"),
+    # UUIDs
+    ("exit code 1: RuntimeError: request 3f2a9c1e-8b4d-4e2f-9a1b-0c3d5e7f9a2b failed with 503",
+     "exit code 1: RuntimeError: request 0d6e4b2a-11c3-4f0e-8e7a-6b5c4d3e2f1a failed with 503"),
+    # hex ids: an address, a hash, a uuid without dashes
+    ("exit code 1: RuntimeError: object at 0x7f3a2b10 in run 3f2a9c1e8b4d4e2f9a1b0c3d5e7f9a2b",
+     "exit code 1: RuntimeError: object at 0x7f99aa00 in run 9c0d1e2f3a4b5c6d7e8f9a0b1c2d3e4f"),
+    ("exit code 1: KeyError: 'blob_5e884898da28'", "exit code 1: KeyError: 'blob_2c624232cdd2'"),
+    # ISO timestamps, the hour too, and a compact stamp in a file name
+    ("exit code 1: TimeoutError: lease expired at 2024-05-01T13:07:22.123Z",
+     "exit code 1: TimeoutError: lease expired at 2024-05-01T14:11:05.980Z"),
+    ("exit code 1: TimeoutError: lease expired at 2024-05-01 13:07:22+02:00",
+     "exit code 1: TimeoutError: lease expired at 2024-05-02 09:00:01+02:00"),
+    ("exit code 1: FileNotFoundError: ckpt_20240501_130722.pt",
+     "exit code 1: FileNotFoundError: ckpt_20240501_141105.pt"),
+    # pids and ports
+    ("exit code 1: RuntimeError: [pid=4401] connect to 127.0.0.1:41234 refused",
+     "exit code 1: RuntimeError: [pid=5120] connect to 127.0.0.1:38911 refused"),
+])
+def test_incidental_text_does_not_change_the_fingerprint(first: str, second: str) -> None:
+    assert normalise(first) == normalise(second), (normalise(first), normalise(second))
+    assert fingerprint(state(first)) == fingerprint(state(second))
+
+
+@pytest.mark.parametrize("first,second", [
+    # another file under the same temp dir, another exception, another exit code: another failure
+    ("exit code 1: FileNotFoundError: '/tmp/tmpk3j2l1ab/shard_3.bin'",
+     "exit code 1: FileNotFoundError: '/tmp/tmpk3j2l1ab/labels.bin'"),
+    ("exit code 1: ValueError: request 3f2a9c1e-8b4d-4e2f-9a1b-0c3d5e7f9a2b failed",
+     "exit code 1: KeyError: request 3f2a9c1e-8b4d-4e2f-9a1b-0c3d5e7f9a2b failed"),
+    ("exit code 1: ValueError: bad shard at 2024-05-01T13:07:22",
+     "exit code 2: ValueError: bad shard at 2024-05-01T13:07:22"),
+    # a path outside any temp dir is the data's, kept
+    ("exit code 1: FileNotFoundError: /data/imagenet/train/shard_3.bin",
+     "exit code 1: FileNotFoundError: /data/imagenet/val/shard_3.bin"),
+    # a word of the letters a-f is a word
+    ("exit code 1: KeyError: 'deadbeefcafe'", "exit code 1: KeyError: 'facadebeaded'"),
+])
+def test_what_tells_failures_apart_is_kept(first: str, second: str) -> None:
+    assert normalise(first) != normalise(second)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("exit code 1: OSError: /tmp/tmpk3j2l1ab/a/b/shard_3.bin: bad", "exit code 1: OSError: <tmp>/shard_3.bin: bad"),
+    ("exit code 1: ValueError: id 3f2a9c1e-8b4d-4e2f-9a1b-0c3d5e7f9a2b", "exit code 1: ValueError: id <uuid>"),
+    ("exit code 1: ValueError: at 2024-05-01T13:07:22Z", "exit code 1: ValueError: at <time>"),
+    ("exit code 1: ValueError: sha 9fceb02d0ae598e95dc970b74767f19372d61af8", "exit code 1: ValueError: sha <hex>"),
+    ("exit code 1: ValueError: layer_3 of conv2d", "exit code 1: ValueError: layer_3 of conv2d"),
+])
+def test_normalised_forms(text: str, expected: str) -> None:
     assert normalise(text) == expected
 
 
@@ -150,6 +222,59 @@ def test_failed_before_first_step(outcome: str, cause: str, prog: Progress | Non
     root = RankState(rank=0, local_rank=0, node="n1", group_rank=0, pid=7, outcome=outcome, cause=cause,
                      progress=prog)
     assert failed_before_first_step(root) is expected
+
+
+# Issue 31 item 5: a death by a signal from outside, with nothing of the rank's own, is no bug's fingerprint.
+@pytest.mark.parametrize("cause,frames,expected", [
+    ("signal SIGKILL", (), True),  # the OOM killer (for another tenant), an operator's kill -9
+    ("signal SIGTERM", (), True),
+    ("signal SIGINT", (), True),
+    ("signal SIGHUP", (), True),
+    ("signal SIGUSR1", (), True),  # a scheduler's preemption notice the script does not handle
+    ("signal SIGXCPU", (), True),
+    ("exit code 137", (), True),  # a rank under a shell, killed by SIGKILL
+    ("exit code 143", (), True),
+    # the rank's own fault: a native bug at the same step is a repeat
+    ("signal SIGSEGV", (), False),
+    ("signal SIGABRT", (), False),
+    ("signal SIGBUS", (), False),
+    ("exit code 139", (), False),
+    # its own exception, a plain exit code, or a frame of the user's code: the rank's own
+    ("exit code 1: ValueError: bad shard 17", (), False),
+    ("exit code 1", (), False),
+    ("exit code 200", (), False),
+    ("signal SIGKILL", (f"{USER}:30 step",), False),
+    ("signal SIGKILL", (f"{threading.__file__}:320 wait",), True),  # no user frame
+])
+def test_killed_from_outside(cause: str, frames: tuple[str, ...], expected: bool) -> None:
+    assert killed_from_outside(state(cause, frames=frames)) is expected
+
+
+@pytest.mark.parametrize("outcome", [culprit.HANG, culprit.STOPPED, culprit.LOST, culprit.LEFT])
+def test_only_a_crash_is_killed_from_outside(outcome: str) -> None:
+    assert not killed_from_outside(state("signal SIGKILL", outcome=outcome))
+
+
+K = Fingerprint("crash", "signal SIGKILL", None)
+SEGV = Fingerprint("crash", "signal SIGSEGV", None)
+
+
+@pytest.mark.parametrize("failures,stops_at", [
+    # Two kills from outside at steps 25 and 23 (4 restarts left): not a repeat, whatever the steps.
+    ([(K, 25, True), (K, 23, True)], None),
+    ([(K, 25, True), (K, 25, True), (K, 25, True), (K, 25, True)], None),
+    # A kill between two of the same bug breaks the run like another failure.
+    ([(F, 30, False), (K, 30, True), (F, 30, False)], None),
+    ([(F, 30, False), (K, 30, True), (F, 30, False), (F, 30, False)], 3),
+    # The rank's own fault signal at the same step still repeats.
+    ([(SEGV, 25, False), (SEGV, 23, False)], 1),
+])
+def test_kills_from_outside_never_repeat(failures: list[tuple[Fingerprint, int, bool]], stops_at: int | None) -> None:
+    guard = CrashLoopGuard(2, 1)
+    verdicts = [guard.on_failure(CycleFailure(cycle, fp, step, "n1", from_outside=outside), True)
+                for cycle, (fp, step, outside) in enumerate(failures)]
+    stopped = [i for i, v in enumerate(verdicts) if v.stop or v.exclude]
+    assert (stopped[0] if stopped else None) == stops_at
 
 
 def test_the_stop_says_which_failure_repeated_where_and_in_which_cycles() -> None:

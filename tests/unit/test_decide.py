@@ -164,3 +164,37 @@ def test_no_decision_is_made_outside_decide():
     source = (REPO / "launcher" / "agent.py").read_text(encoding="utf-8")
     for leftover in (".on_failure(", "verdict", "restart_while_waiting", "outcome_decision"):
         assert leftover not in source, leftover
+
+
+# Issue 31 item 5: torch's failures of two cycles -> records -> the crash-loop guard -> decide.
+def _cycle_decision(guard, cycle: int, exitcode: int, step: int, remaining: int) -> Decision:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    from ft_core.wire.messages import Progress, ProgressReport
+    from launcher.decision.failures import Evidence, failure_records
+
+    failures = {1: ProcessFailure(local_rank=1, pid=700 + cycle, exitcode=exitcode, error_file="<N/A>"),
+                0: ProcessFailure(local_rank=0, pid=600 + cycle, exitcode=-15, error_file="<N/A>")}
+    report = ProgressReport(progress=Progress(last_progress_at=1.0, step=step))
+    records = failure_records(failures, local_ranks={0: 0, 1: 1}, hangs={}, stopped_by_us={600 + cycle}, cycle=cycle,
+                              now=10.0 + cycle, evidence=Evidence(node="n1", group_rank=0, reports={1: report}))
+    first = records[0]
+    verdict = guard.on_failure(CycleFailure(cycle, first.fingerprint, first.root_step, "n1",
+                                            first.root_before_first_step, first.root_from_outside))
+    return decide(facts(remaining=remaining, maximum=5, records=tuple(records), crash_loop=verdict))
+
+
+@pytest.mark.parametrize(("exitcode", "expected"), [  # torch's exit code: -N for signal N
+    # SIGKILL from outside at steps 25 and 23 with 4 restarts left: restarted, bounded by --max-restarts
+    (-9, [(Action.RESTART, None), (Action.RESTART, None)]),
+    (-15, [(Action.RESTART, None), (Action.RESTART, None)]),
+    (137, [(Action.RESTART, None), (Action.RESTART, None)]),
+    # the rank's own fault signal at the same place is a repeat: stop, exit 66
+    (-11, [(Action.RESTART, None), (Action.REPEATED, 66)]),
+])
+def test_kills_from_outside_are_restarted_not_stopped_as_a_repeat(exitcode, expected):
+    from launcher.decision.crash_loop import CrashLoopGuard
+
+    guard = CrashLoopGuard(2, 1)
+    got = [_cycle_decision(guard, 0, exitcode, 25, remaining=5), _cycle_decision(guard, 1, exitcode, 23, remaining=4)]
+    assert [(d.action, d.exit_code) for d in got] == expected, [d.reason for d in got]
