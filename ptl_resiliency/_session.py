@@ -35,9 +35,10 @@ from typing import Any, Optional, Union
 import torch.distributed.elastic.multiprocessing.errors  # noqa: F401
 
 from ft_core.client.ranklog import RankLoggerAdapter
-from ft_core.client.run_errors import record_error_for_launcher, stop_job_for_setup_error
+from ft_core.client.run_errors import record_error_for_launcher
 from ft_core.client.sections_policy import is_clean_exit, is_graceful_stop
 from ft_core.client.session import FrontEndSession
+from ft_core.client.setup_errors import stop_job_for_setup_error
 from ft_core.client.state_file import PART_SECTIONS
 from ft_core.wire.config import ConfigError
 from ft_core.wire.env import FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR

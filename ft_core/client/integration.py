@@ -79,7 +79,6 @@ from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
 from ft_core.client.policy_actions import apply_change, training_step_ended, update_section_timeouts
 from ft_core.client.rank_monitor_client import RankMonitorClient
 from ft_core.client.ranklog import RankLoggerAdapter
-from ft_core.client.run_errors import stop_job_for_setup_error
 from ft_core.client.sections_policy import (
     MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE,
     NUM_WARMUP_ITERS,
@@ -91,6 +90,7 @@ from ft_core.client.sections_policy import (
     sections_config_error,
 )
 from ft_core.client.session import FrontEndSession, session_attribute
+from ft_core.client.setup_errors import stop_job_for_setup_error
 from ft_core.client.simulated_fault import SimulatedFault, SimulatedFaultParams
 from ft_core.client.state_file import (
     MAX_STATE_FILE_BYTES,

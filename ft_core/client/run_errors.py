@@ -1,22 +1,14 @@
-"""What a front end tells ``ft_launcher`` when the run fails in a rank.
+"""What a front end tells ``ft_launcher`` about the exception that ends a rank.
 
-* A setup error that no restart can fix (our :class:`~ft_core.wire.config.ConfigError`: a missing
-  ``FAULT_TOL_FINISHED_FLAG_FILE``, a config the front end cannot work with, two callbacks)
-  becomes a ``ShutdownWorkload`` request: the launcher stops every node without restarting and
-  exits 64, so ``scripts/autoresume.sh`` stops too instead of burning the allocation on attempts
-  that fail the same way. The error's message is the request's description.
-* Any exception that ends the run is written to torch's per-worker error file
-  (``TORCHELASTIC_ERROR_FILE``, torch's format, as torch's ``@record`` would), unless the file
-  exists already; the launcher's failure line then carries the exception's summary line
-  (``ValueError: ...``) even when the training script has no ``@record``. The Lightning
-  callbacks record the exception Lightning hands them; for a hand-written loop,
-  :func:`install_error_recording` (called by ``RankMonitorClient.init_workload_monitoring``, so by
-  every front end) chains a ``sys.excepthook`` that records the exception which ends the rank.
-
-Both are used by the Lightning callbacks (``ptl_resiliency``) and :mod:`ft_core.client.integration`;
-neither ever raises (the user's exception comes first).
+Any exception that ends the run is written to torch's per-worker error file
+(``TORCHELASTIC_ERROR_FILE``, torch's format, as torch's ``@record`` would), unless the file exists
+already; the launcher's failure line then carries the exception's summary line (``ValueError:
+...``) even when the training script has no ``@record``. The Lightning callbacks record the
+exception Lightning hands them; for a hand-written loop, :func:`install_error_recording` (called by
+``RankMonitorClient.init_workload_monitoring``, so by every front end) chains a ``sys.excepthook``
+that records the exception which ends the rank. Nothing here ever raises (the user's exception
+comes first). A setup error that stops the job is :mod:`ft_core.client.setup_errors`'s.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -29,51 +21,16 @@ import traceback
 from types import TracebackType
 from typing import Optional, Union
 
-from ft_core.wire.config import ConfigError
-from ft_core.wire.data import WorkloadAction, WorkloadControlRequest
-from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR
-from ft_core.wire.errors import RankMonitorClientError
-
 Logger = Union[logging.Logger, logging.LoggerAdapter]
 
 TORCH_ERROR_FILE_ENV_VAR = "TORCHELASTIC_ERROR_FILE"
 """torch's variable (set by its agent for each worker): where ``@record`` writes the error."""
-MAX_DESCRIPTION_CHARS = 2000
-
-
-def is_unfixable_setup_error(exception: BaseException) -> bool:
-    """True for an error that every restart would hit again (our ``ConfigError``)."""
-    return isinstance(exception, ConfigError)
 
 
 def summary_line(exception: BaseException) -> str:
     """``"ExceptionType: first line of its message"``, as a traceback's last line starts."""
     text = str(exception).strip().splitlines()
     return f"{type(exception).__name__}: {text[0]}" if text else type(exception).__name__
-
-
-def stop_job_for_setup_error(exception: BaseException, log: Logger) -> bool:
-    """Ask ``ft_launcher`` for ``ShutdownWorkload`` when ``exception`` is an unfixable setup error.
-
-    Returns:
-        True if the launcher acknowledged the request. False when the exception is not such an
-        error, or there is no launcher (then it is logged); never raises.
-    """
-    if not is_unfixable_setup_error(exception) or not os.environ.get(FT_LAUNCHER_IPC_SOCKET_ENV_VAR):
-        return False
-    from ft_core.client.rank_monitor_client import RankMonitorClient
-
-    description = f"{type(exception).__name__}: {exception}"[:MAX_DESCRIPTION_CHARS]
-    request = WorkloadControlRequest(WorkloadAction.ShutdownWorkload, description)
-    try:
-        RankMonitorClient().send_workload_control_request(request)
-    except RankMonitorClientError as err:
-        log.error("fault tolerance: could not ask ft_launcher to stop the job after %s: %s",
-                  type(exception).__name__, err)
-        return False
-    log.error("fault tolerance: %s cannot be fixed by a restart; asked ft_launcher to stop the job "
-              "(ShutdownWorkload)", type(exception).__name__)
-    return True
 
 
 def record_error_for_launcher(exception: BaseException, log: Logger) -> bool:

@@ -267,7 +267,7 @@ def test_the_loop_integration_snippet_and_command_run_as_written(tmp_path):
 
 CONFIG_ERROR_WORKER = """
 import logging
-from ft_core.client.run_errors import stop_job_for_setup_error
+from ft_core.client.setup_errors import stop_job_for_setup_error
 from ft_core.wire.config import ConfigError
 
 # What the Lightning callbacks do with a setup error: ask for ShutdownWorkload, then raise it.

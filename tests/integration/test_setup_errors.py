@@ -134,7 +134,8 @@ def test_autoresume_stops_after_one_attempt_on_a_missing_script(tmp_path):
 def test_the_setup_error_helpers_never_raise_without_a_launcher(monkeypatch):
     import logging
 
-    from ft_core.client.run_errors import record_error_for_launcher, stop_job_for_setup_error
+    from ft_core.client.run_errors import record_error_for_launcher
+    from ft_core.client.setup_errors import stop_job_for_setup_error
     from ft_core.wire.config import ConfigError
 
     monkeypatch.delenv("FT_LAUNCHER_IPC_SOCKET", raising=False)
