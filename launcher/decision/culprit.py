@@ -17,15 +17,20 @@ states of all nodes are compared (each node publishes its own through the rendez
    during the grace after a crash is collateral.
 2. Otherwise, among the hung ranks, the one that stopped progressing first: a stopped process
    (SIGSTOP) first, then the lowest step (when every hung rank announced its step with
-   ``set_step``), then a rank that is *not* waiting in a ``torch.distributed`` collective (its
-   peers are), then the earliest last progress (heartbeat or section change), then the earliest
-   detection.
-3. But when that hung rank waits in a collective and a rank that was still running when the
-   failure began (its own timeout not yet passed, e.g. a longer out-of-section timeout) is *not*
-   in a collective and made no progress since before the hung rank's last progress, that rank is
-   the root: the hung one was waiting for it ("since before" allows a skew of 1 s plus 5 % of the
-   hung rank's idle time: ranks in lockstep leave a collective a few milliseconds apart). This
-   needs both ranks' stacks; without them rule 2 stands.
+   ``set_step``), then the rank least visibly waiting for its peers (:func:`peer_wait_level`:
+   in its own code before a rank innermost in autograd's backward or DDP's code, where
+   ``DistributedDataParallel`` all-reduces gradients out of Python's sight, before a rank in a
+   ``torch.distributed`` collective), then the earliest last progress (heartbeat or section
+   change), then the earliest detection. Ranks in lockstep time out together (a DDP rank that
+   sleeps inside a step and its peer waiting in ``loss.backward()`` share the step and their
+   last progress within milliseconds), so the stacks must decide before the clocks do.
+3. But when that hung rank waits for its peers (a collective, or backward / DDP code) and a rank
+   that was still running when the failure began (its own timeout not yet passed, e.g. a longer
+   out-of-section timeout) waits less visibly (lower :func:`peer_wait_level`) and made no
+   progress since before the hung rank's last progress, that rank is the root: the hung one was
+   waiting for it ("since before" allows a skew of 1 s plus 5 % of the hung rank's idle time:
+   ranks in lockstep leave a collective a few milliseconds apart). This needs both ranks'
+   stacks; without them rule 2 stands.
 4. But when no rank crashed, no rank's process was stopped, rule 2's rank and every other rank
    whose stack is known wait for their peers (in a collective, or innermost in autograd's
    backward or DDP's code, where ``DistributedDataParallel`` all-reduces gradients and
@@ -195,10 +200,28 @@ frame: under ``DistributedDataParallel`` the gradient all-reduce runs inside aut
 
 def waiting_for_peers(frames: Sequence[str]) -> bool:
     """Rule 4's test: in a collective, or innermost in autograd's backward or DDP's own code."""
+    return peer_wait_level(frames) > 0
+
+
+IN_OWN_CODE = 0
+IN_BACKWARD = 1
+IN_COLLECTIVE = 2
+
+
+def peer_wait_level(frames: Sequence[str]) -> int:
+    """How surely a rank's stack (innermost frame first) shows it waiting for its peers.
+
+    Returns:
+        :data:`IN_COLLECTIVE` (2) with a ``torch.distributed`` collective in the frames (surely
+        waiting); :data:`IN_BACKWARD` (1) with autograd's backward or DDP's own code innermost
+        (waiting under ``DistributedDataParallel``, whose gradient all-reduce and buffer
+        broadcast run in C++ below these frames; without DDP it may be computing);
+        :data:`IN_OWN_CODE` (0) otherwise, also for an unknown stack (nothing says it waits).
+    """
     if waiting_in_collective(frames):
-        return True
+        return IN_COLLECTIVE
     location = frames[0].rpartition(" ")[0] if frames else ""
-    return any(part in location for part in PEER_WAIT_LOCATIONS)
+    return IN_BACKWARD if any(part in location for part in PEER_WAIT_LOCATIONS) else IN_OWN_CODE
 
 
 def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
@@ -234,7 +257,7 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         hung = min(hangs, key=lambda s: (
             not s.stopped,
             s.step if use_steps else 0,
-            waiting_in_collective(s.stack_frames),
+            peer_wait_level(s.stack_frames),
             s.last_progress_at,
             s.event_at if s.event_at is not None else math.inf,
             _rank_key(s),
@@ -262,8 +285,9 @@ def _progressed_after(states: Sequence[RankState], left: RankState) -> bool:
 
 
 def _holding_up(states: Sequence[RankState], hung: RankState) -> RankState | None:
-    """Rule 3: a still-running rank, outside any collective, that the hung rank waits for."""
-    if hung.stopped or not waiting_in_collective(hung.stack_frames):
+    """Rule 3: a still-running rank, waiting less visibly than the hung rank, that it waits for."""
+    hung_level = peer_wait_level(hung.stack_frames)
+    if hung.stopped or hung_level == IN_OWN_CODE:
         return None
     # Ranks in lockstep report their last progress within milliseconds of each other (the rank
     # that left the previous collective last may even report a later one), so "since before"
@@ -272,7 +296,7 @@ def _holding_up(states: Sequence[RankState], hung: RankState) -> RankState | Non
     latest = hung.last_progress_at + HOLDING_UP_SKEW + HOLDING_UP_SKEW_FRACTION * max(0.0, idle)
     candidates = [
         s for s in states
-        if s.outcome == STOPPED and s.stack_frames and not waiting_in_collective(s.stack_frames)
+        if s.outcome == STOPPED and s.stack_frames and peer_wait_level(s.stack_frames) < hung_level
         and math.isfinite(s.last_progress_at) and s.last_progress_at <= latest
     ]
     return min(candidates, key=lambda s: (not s.stopped, s.last_progress_at, _rank_key(s)), default=None)

@@ -23,6 +23,7 @@ from launcher.decision.culprit import (
     choose_root,
     collateral_text,
     describe_root,
+    peer_wait_level,
     waiting_for,
     waiting_in_collective,
 )
@@ -339,7 +340,82 @@ def test_under_ddp_a_rank_in_backward_waits_for_the_gradient_all_reduce():
     assert choose_root(states, [NODE2], waited=2.0).outcome == LOST
     # ... but a rank whose innermost frame is the user's own code (a model's forward) is not waiting
     states[1] = state(2, HANG, at=T + 3.2, last=T + 0.01, frames=USER_CODE_IN_DDP_FORWARD, node="node3", group=2)
-    assert choose_root(states, [NODE2], waited=2.0).rank == 0
+    # (and being the one not waiting, it is the root: rank 0 waits for it in backward)
+    assert choose_root(states, [NODE2], waited=2.0).rank == 2
+
+
+SITE = "/venv/lib/python3.11/site-packages/"
+SLEEPING_IN_STEP = ("/job/train.py:26 sleep_inside_step", "/job/train.py:56 main", "/job/train.py:70 <module>")
+LIGHTNING_BACKWARD = (
+    SITE + "torch/autograd/graph.py:979 _engine_run_backward", SITE + "torch/autograd/__init__.py:395 backward",
+    SITE + "torch/_tensor.py:623 Tensor.backward",
+    SITE + "lightning/pytorch/core/module.py:1101 LightningModule.backward",
+    SITE + "lightning/pytorch/plugins/precision/precision.py:73 Precision.backward",
+    SITE + "lightning/pytorch/strategies/strategy.py:213 Strategy.backward",
+    SITE + "lightning/pytorch/loops/optimization/automatic.py:152 Closure.closure")
+LIGHTNING_SLEEPING = ("/job/model.py:40 Model.training_step",
+                      SITE + "lightning/pytorch/trainer/call.py:329 _call_strategy_hook",
+                      SITE + "lightning/pytorch/strategies/ddp.py:357 DDPStrategy.training_step",
+                      SITE + "lightning/pytorch/loops/optimization/automatic.py:334 "
+                      "_AutomaticOptimization._training_step")
+DDP_BUFFER_SYNC = (SITE + "torch/nn/parallel/distributed.py:2140 DistributedDataParallel._sync_buffers",
+                   SITE + "torch/nn/parallel/distributed.py:1630 DistributedDataParallel._pre_forward",
+                   "/job/train.py:118 main")
+
+
+def test_peer_wait_level_orders_a_collective_over_backward_over_the_users_own_code():
+    assert peer_wait_level(ALL_REDUCE) == 2
+    assert peer_wait_level(DDP_BACKWARD) == peer_wait_level(LIGHTNING_BACKWARD) == peer_wait_level(DDP_BUFFER_SYNC) == 1
+    for own in (SLEEPING_IN_STEP, LIGHTNING_SLEEPING, USER_CODE_IN_DDP_FORWARD, FROZEN, ()):
+        assert peer_wait_level(own) == 0, own
+    # backward below the user's own frame (a custom autograd Function's code) is the user's code
+    assert peer_wait_level(("/job/fn.py:9 MyFunction.backward",) + DDP_BACKWARD) == 0
+
+
+@pytest.mark.parametrize(("states", "root"), [
+    # issue 31 item 7: both sections time out together in step 120; rank 0 entered the section a
+    # few ms first (lockstep), but it waits in DDP's backward for rank 1, which sleeps in its step
+    pytest.param([state(0, HANG, at=T + 60, last=T, step=120, frames=DDP_BACKWARD),
+                  state(1, HANG, at=T + 60.003, last=T + 0.003, step=120, frames=SLEEPING_IN_STEP)],
+                 1, id="both-hung-waiting-in-backward-vs-sleeping"),
+    # the sleeping rank's last progress even came clearly later (a slower data loader)
+    pytest.param([state(0, HANG, at=T + 4, last=T, step=12, frames=DDP_BACKWARD),
+                  state(1, HANG, at=T + 4.4, last=T + 0.4, step=12, frames=SLEEPING_IN_STEP)],
+                 1, id="sleeping-rank-progressed-later"),
+    # rule 3: rank 0 timed out first; rank 1, still running, sleeps with no progress since then
+    pytest.param([state(0, HANG, at=T + 4, last=T, step=12, frames=DDP_BACKWARD),
+                  state(1, STOPPED, last=T + 0.4, step=12, frames=SLEEPING_IN_STEP)],
+                 1, id="running-rank-holding-up-backward"),
+    pytest.param([state(0, HANG, at=T + 4, last=T, step=6, frames=LIGHTNING_BACKWARD),
+                  state(1, HANG, at=T + 4.01, last=T + 0.01, step=6, frames=LIGHTNING_SLEEPING)],
+                 1, id="lightning"),
+    pytest.param([state(0, HANG, at=T + 4, last=T, step=6, frames=DDP_BUFFER_SYNC),
+                  state(1, HANG, at=T + 4.01, last=T + 0.01, step=6, frames=SLEEPING_IN_STEP)],
+                 1, id="waiting-in-ddp-forward-buffer-sync"),
+    # kept: a rank in backward is less surely waiting than one in a collective (without DDP it
+    # computes), so a rank stuck in backward is still the root when its peer waits in all_reduce
+    pytest.param([state(0, HANG, at=T + 4, last=T + 0.1, step=6, frames=DDP_BACKWARD),
+                  state(1, HANG, at=T + 4, last=T, step=6, frames=ALL_REDUCE)], 0, id="backward-vs-collective"),
+    pytest.param([state(0, HANG, at=T + 4, last=T + 0.1, step=6, frames=DDP_BACKWARD),
+                  state(1, STOPPED, last=T, step=6, frames=ALL_REDUCE)], 0, id="running-rank-in-a-collective"),
+    # kept: a lower step decides before the stacks do
+    pytest.param([state(0, HANG, at=T + 4, last=T, step=11, frames=DDP_BACKWARD),
+                  state(1, HANG, at=T + 4, last=T + 0.01, step=12, frames=SLEEPING_IN_STEP)], 0, id="lower-step-first"),
+    # ties: both in their own code, or both in backward: the earliest last progress
+    pytest.param([state(0, HANG, at=T + 4, last=T + 0.2, step=6, frames=SLEEPING_IN_STEP),
+                  state(1, HANG, at=T + 4, last=T, step=6, frames=LIGHTNING_SLEEPING)], 1, id="both-in-own-code"),
+    pytest.param([state(0, HANG, at=T + 4, last=T, step=6, frames=DDP_BACKWARD),
+                  state(1, HANG, at=T + 4, last=T + 0.2, step=6, frames=LIGHTNING_BACKWARD)], 0, id="both-in-backward"),
+    # rule 3 needs the running rank to wait less visibly than the hung one
+    pytest.param([state(0, HANG, at=T + 4, last=T + 0.1, step=6, frames=DDP_BACKWARD),
+                  state(1, STOPPED, last=T, step=6, frames=DDP_BACKWARD)], 0, id="running-rank-in-backward-too"),
+    # a rank whose stack could not be read is not known to wait: it goes before one in backward
+    pytest.param([state(0, HANG, at=T + 4, last=T, step=6, frames=DDP_BACKWARD),
+                  state(1, HANG, at=T + 4, last=T + 0.2, step=6)], 1, id="unknown-stack-vs-backward"),
+])
+def test_a_rank_waiting_in_ddp_backward_is_not_the_root_of_its_peers_hang(states, root):
+    assert choose_root(states).rank == root
+    assert choose_root(list(reversed(states))).rank == root  # the order the views arrive in does not matter
 
 
 def test_without_a_missing_view_the_rule_is_unchanged():
