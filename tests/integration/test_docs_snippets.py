@@ -71,18 +71,17 @@ def commands(block: str) -> list[str]:
 # ---------------------------------------------------------------------- ft_report and autoresume
 
 # The training script of autoresume.md's command, at the path the command names: rank 1 fails the
-# first attempt, then rank 0 trains its "steps" and creates the finished flag.
+# first attempt (autoresume.sh numbers them in AUTORESUME_ATTEMPT), then rank 0 creates the finished flag.
 TINY_AUTORESUME_TRAINING = """
 import argparse, os, sys
 parser = argparse.ArgumentParser()
 parser.add_argument("--run-dir", required=True)
 parser.add_argument("--max-steps", type=int, required=True)
 args = parser.parse_args()
-marker = os.path.join(args.run_dir, "failed_once")
-if os.environ["RANK"] == "1" and not os.path.exists(marker):
-    open(marker, "w").close()
+first_attempt = os.environ["AUTORESUME_ATTEMPT"] == "1"
+if os.environ["RANK"] == "1" and first_attempt:
     sys.exit("rank 1: a failure in the first attempt")
-if os.environ["RANK"] == "0" and os.path.exists(marker):
+if os.environ["RANK"] == "0" and not first_attempt:
     open(os.environ["FAULT_TOL_FINISHED_FLAG_FILE"], "w").close()
 """
 
