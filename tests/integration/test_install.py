@@ -67,7 +67,7 @@ def fresh_venv(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("install")
     source = base / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, source / name)
     for name in ("ft_core", "launcher", "ptl_resiliency", "scripts"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))

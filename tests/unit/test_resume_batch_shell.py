@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,13 @@ def test_script_pid(value: str, pid: int | None) -> None:
 def test_read_proc_reads_a_real_process() -> None:
     child = subprocess.Popen(["sleep", "30"])
     try:
-        assert batch_shell.read_proc(child.pid) == Proc("sleep", os.getpid(), "sleep 30")
+        # Under load /proc may show the new program's name before its command line (seen in CI:
+        # cmdline ''): poll with a deadline for what a settled process shows.
+        expected = Proc("sleep", os.getpid(), "sleep 30")
+        deadline = time.monotonic() + 10
+        while (seen := batch_shell.read_proc(child.pid)) != expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen == expected
     finally:
         child.kill()
         child.wait(timeout=10)
