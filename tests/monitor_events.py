@@ -23,8 +23,10 @@ def received(link: MonitorLink, kind: str) -> list[dict]:
     return [event for event in pending if event["type"] == kind]
 
 
-def wait_event(link: MonitorLink, kind: str, timeout: float = 20.0) -> dict:
-    """Take the oldest report of ``kind``, waiting up to ``timeout`` seconds for one."""
+def wait_event(link: MonitorLink, kind: str, timeout: float = 60.0) -> dict:
+    """Take the oldest report of ``kind``, waiting up to ``timeout`` seconds for one (the default
+    covers a trainer process starting on a loaded machine: torch and Lightning imports took more
+    than 20 s in a loaded CI run)."""
     pending = _pending.setdefault(link, [])
     deadline = time.monotonic() + timeout
     with selectors.DefaultSelector() as sel:
