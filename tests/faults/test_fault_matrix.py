@@ -339,8 +339,9 @@ def check_node_killed(case: Case, run: CaseRun) -> None:
     # Node a noticed, waited for b's keep-alive to lapse, and finished alone within a bound.
     assert run.info["a_done_at"] - run.info["b_gone_at"] < 30, run.info
     roots = [f for f in a.events("failure") if f["cause_kind"] != "terminated"]
-    # node a's rank fails with gloo's error about its lost peer, recorded without @record
-    assert [(f["cycle"], f["cause"].split(": ")[:2]) for f in roots] == [(0, ["exit code 1", "RuntimeError"])], roots
+    # node a's rank fails with gloo's error about its lost peer (its text is recorded without
+    # @record, unless the rank is stopped before it gets that far)
+    assert [(f["cycle"], f["cause"].split(": ")[0]) for f in roots] == [(0, "exit code 1")], roots
 
 
 def check_node_excluded(case: Case, run: CaseRun) -> None:
