@@ -156,17 +156,25 @@ def run_in_scratch(command: str, workdir: Path, timeout: float) -> str:
     the event log goes is the launcher's default (``ft_launcher_logs/`` of ``workdir``)."""
     (workdir / "examples").symlink_to(REPO / "examples")
     (workdir / ".venv").symlink_to(Path(sys.prefix))
-    env = launcher_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"})
-    env.pop("FAULT_TOL_FINISHED_FLAG_FILE", None)
-    proc = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+    return run_bash(command, workdir, timeout)
+
+
+def run_bash(command: str, workdir: Path, timeout: float, env: dict[str, str] | None = None) -> str:
+    """Run ``command`` with bash in ``workdir`` (this venv's ``bin`` first on ``PATH``, as for a user
+    with the venv activated); returns stdout and stderr, fails on a non-zero exit or a timeout."""
+    full_env = launcher_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                             **(env or {})})
+    full_env.pop("FAULT_TOL_FINISHED_FLAG_FILE", None)
+    full_env.pop("AUTORESUME_RUN_DIR", None)
+    proc = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=full_env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        raise AssertionError(f"did not finish in {timeout} s:\n{output[-5000:]}") from None
-    assert proc.returncode == 0, output[-6000:]
+        raise AssertionError(f"{command!r} did not finish in {timeout} s:\n{output[-5000:]}") from None
+    assert proc.returncode == 0, f"{command!r} exited {proc.returncode}:\n{output[-6000:]}"
     return output
 
 

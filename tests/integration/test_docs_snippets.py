@@ -25,13 +25,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_docs import INTEGRATION_PRELUDE
-from tests.launcher_util import events_of, launcher_env, read_events, start_launcher
+from tests.integration.test_docs import INTEGRATION_PRELUDE, run_bash
+from tests.launcher_util import events_of, read_events, start_launcher
 from tests.unit.test_docs_blocks import block_containing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,25 +40,6 @@ def fill(text: str, placeholder: str, value: str) -> str:
     """``text`` with its one ``placeholder`` replaced; fails when the doc no longer has it once."""
     assert text.count(placeholder) == 1, f"the doc changed: {placeholder!r} is not in this block once:\n{text}"
     return text.replace(placeholder, value)
-
-
-def run_bash(command: str, workdir: Path, timeout: float, env: dict[str, str] | None = None) -> str:
-    """Run ``command`` with bash in ``workdir`` (this venv's ``bin`` first on ``PATH``, as for a user
-    with the venv activated); returns stdout and stderr, fails on a non-zero exit or a timeout."""
-    full_env = launcher_env({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-                             **(env or {})})
-    full_env.pop("FAULT_TOL_FINISHED_FLAG_FILE", None)
-    full_env.pop("AUTORESUME_RUN_DIR", None)
-    proc = subprocess.Popen(["bash", "-c", command], cwd=workdir, env=full_env, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"{command!r} did not finish in {timeout} s:\n{output[-5000:]}") from None
-    assert proc.returncode == 0, f"{command!r} exited {proc.returncode}:\n{output[-6000:]}"
-    return output
 
 
 def commands(block: str) -> list[str]:
