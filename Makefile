@@ -14,7 +14,7 @@ PYTEST_WORKERS ?= 2
 # --durations=30 in make test: every log (CI's too) lists the slowest tests; .ci/run must stay
 # under 30 minutes on 2 cores.
 
-.PHONY: venv test test-unit test-slurm test-cluster test-cluster-locked demo bench bench-peer lint clean check-torch-versions check-lightning-versions test-torch-oldest
+.PHONY: venv test test-unit test-slurm test-cluster test-cluster-locked demo bench bench-peer lint clean check-torch-versions check-lightning-versions test-torch-oldest gpu-check
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,15 @@ $(PEER_STAMP): $(STAMP)
 
 bench-peer: $(STAMP) $(PEER_STAMP)
 	$(PY) bench/run_all.py --peer-python $(PEER_PY) $(BENCH_ARGS)
+
+# The GPU path (NCCL, CUDA contexts, CUDA events) in one command (bench/gpu_check.py, issue 34): the six
+# scenarios of docs/benchmarks.md "GPU check" on whatever GPUs this machine has, within 8 min on one; a
+# table, and JSON in bench/results/gpu-check.json. Without CUDA: one line, exit 0, every scenario skipped.
+# Needs no venv: it finds a Python whose torch has CUDA (GPU_CHECK_PYTHON=... to choose one).
+# GPU_CHECK_ARGS='--record' also writes the table into docs/benchmarks.md.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(PYTHON) bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The static checks of tests/unit/test_torch_hooks.py (tests/torch_source_checks.py) on the
 # sources of every supported torch minor, 2.8 to 2.15 (tests/torch_versions.py): each wheel is

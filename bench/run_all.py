@@ -52,6 +52,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._util import REPO, become_subreaper, kill_descendants, summarize  # noqa: E402
+from bench.gpu_scenarios import report as gpu_report  # noqa: E402
 from bench.scale import DOC_HISTORY as SCALE_HISTORY  # noqa: E402
 from bench.scale import DOC_INTRO as SCALE_INTRO  # noqa: E402
 from bench.scale import DOC_TITLE as SCALE_TITLE  # noqa: E402
@@ -460,7 +461,14 @@ def render(data: dict) -> str:
     add("")
     for line in MULTINODE_SECTION:
         add(line)
-    return "\n".join(lines) + "\n"
+    lines.extend(gpu_report.doc_section(last_gpu_check()))
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def last_gpu_check() -> dict | None:
+    """The last GPU run ``make gpu-check GPU_CHECK_ARGS=--record`` kept (``None``: none yet)."""
+    path = REPO / "bench" / "gpu_check_last.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 # Measured apart from `make bench`: it needs the multi-node SLURM cluster (docs/multinode.md).
