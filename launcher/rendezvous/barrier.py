@@ -34,7 +34,9 @@ ring skipping members known dead); a successor whose counter did not move for
 ``keep_alive_interval`` x ``keep_alive_max_attempt`` is claimed dead (a ``compare_set`` on
 ``r<r>/dead_claim/<rank>``; the winner appends it to a list: an ``add`` to ``r<r>/dead_count`` and a
 ``set`` of ``r<r>/dead/<n>``), and the watcher moves on to the next one. So 2 operations per node
-per interval, whatever N; nobody rewrites shared state. Members alive = ``M`` - dead.
+per interval, whatever N; nobody rewrites shared state. Members alive = ``M`` - dead. The
+keep-alive has its own store connection (:mod:`launcher.rendezvous.own_connection`): a call of the
+agent's that waits in the store must not hold this node's heartbeats.
 
 ``set_closed`` sets ``shutdown`` and closes the round that waiting nodes are in (``r<r>/closed`` =
 ``shutdown``): they end with ``RendezvousClosedError`` (``RendezvousGracefulExitError`` for a
@@ -42,8 +44,9 @@ spare), as with c10d. ``is_closed`` is one ``check``.
 
 What it does not do that c10d does (docs/multinode.md): liveness is watched only while a round
 runs, so a node that arrived and then died before its round closed is counted in it (c10d drops
-it once its keep-alive expires while the round forms): that round starts without it, its workers
-fail and the next round forms without it; a node that gave up (join timeout) is likewise still
+it once its keep-alive expires while the round forms): the rank assignment after that round fails,
+a restart (:mod:`launcher.rendezvous.round_failure`, which counts it gone: :meth:`count_as_gone`),
+and the next round forms without it; a node that gave up (join timeout) is likewise still
 counted. A restart in which a live member does not come back (it died undetected, or is slow)
 waits ``last_call_timeout`` before closing without it. A node declared dead is never undeclared
 (only :meth:`BarrierRendezvousHandler.membership_view`'s count and live ranks use it). The keys of
