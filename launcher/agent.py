@@ -4,7 +4,9 @@ The agent reuses torch's template (rendezvous, start, monitor, restart, exit bar
 overrides its hooks; each hook calls into a unit that owns one concern:
 
 - ``_rendezvous``: the node check first (:mod:`launcher.node.join_check`); timing; the round's
-  store for the cross-node channel, this node's name in it (:mod:`launcher.rendezvous.store_channel`).
+  store for the cross-node channel, this node's name in it (:mod:`launcher.rendezvous.store_channel`);
+  a round whose rank assignment failed (``_assign_worker_ranks``: a member died as it closed,
+  :mod:`launcher.rendezvous.round_failure`) is a restart, and the next round is joined.
 - ``_start_workers``: dead or unresponsive monitors replaced, template readiness, monitors told
   the worker pids, ``cycle_start`` (:mod:`launcher.node.cycle_workers`, :mod:`launcher.warm.coordinator`).
 - ``_setup_local_watchdog``: per-rank environment (monitor / control / template sockets, cycle).
@@ -62,6 +64,7 @@ from launcher.events.records import (
     LeftoversKilled,
     MinHealthyRestart,
     Restart,
+    RoundFailure,
     SignalForwarded,
     SignalReceived,
     WorkersSucceeded,
@@ -72,7 +75,7 @@ from launcher.node.cycle_workers import CycleWorkers
 from launcher.node.join_check import JoinCheck
 from launcher.node.monitors import MonitorPool
 from launcher.node.workload_requests import WorkloadRequests
-from launcher.rendezvous import store_counter
+from launcher.rendezvous import round_failure, store_counter
 from launcher.rendezvous.store_channel import StoreChannel
 from launcher.torch_compat import agent_shutdown_kwargs, torch_shutdown_kwargs
 from launcher.warm.cold import StartCoordinator
@@ -243,7 +246,12 @@ class FaultTolerantAgent(LocalElasticAgent):
         started = time.monotonic()
         try:
             with self._starts.rendezvous_wait(self.cycle + 1):
-                super()._rendezvous(worker_group)
+                while True:
+                    try:
+                        super()._rendezvous(worker_group)
+                        break
+                    except round_failure.RoundFailed as failed:  # a member died as the round closed
+                        self._round_failed(worker_group, failed)
         except (RendezvousClosedError, RendezvousGracefulExitError):
             # The job ended (its rendezvous closed) while this node waited for a place: a spare, or
             # a healthy node that lost the race for a slot in a restart. Nothing of it failed, as in
@@ -260,6 +268,26 @@ class FaultTolerantAgent(LocalElasticAgent):
             # names this node if it later sends no view of a failure (rule 4 of launcher.decision.culprit)
             self._channel.publish_member(worker_group.group_rank, self._events.node)
         store_counter.mark(self.cycle + 1)  # the store operations until this round (FT_STORE_COUNTS)
+
+    def _assign_worker_ranks(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> list[Any]:
+        # torch's exchange right after the round, bounded; a member that never came is RoundFailed
+        return round_failure.assign_ranks(
+            lambda: super(FaultTolerantAgent, self)._assign_worker_ranks(store, group_rank, group_world_size, spec),
+            store, group_rank, group_world_size, spec.rdzv_handler)
+
+    def _round_failed(self, worker_group: WorkerGroup, failed: round_failure.RoundFailed) -> None:
+        """A failed round is a restart like a failed cycle: counted, then the next round; raised
+        (the launcher's "rendezvous failed", exit 1) when no restart is left."""
+        left = self._remaining_restarts
+        self._events.record_event(RoundFailure(
+            cycle=self.cycle, group_rank=failed.group_rank, group_world_size=failed.world,
+            missing_ranks=failed.missing, waited_s=_round(failed.waited), what=failed.what, restarts_left=left))
+        if left <= 0:
+            raise failed
+        self._remaining_restarts -= 1
+        logger.warning("%s; restarting (%s/%s restarts left): the next round forms without it", failed, left - 1,
+                       worker_group.spec.max_restarts)
+        round_failure.forget_missing(worker_group.spec.rdzv_handler, failed)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.cycle += 1

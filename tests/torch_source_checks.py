@@ -27,6 +27,7 @@ HOOKS = {
     "_shutdown": ["self", "death_sig", "timeout"],
     "_restart_workers": ["self", "worker_group"],
     "_rendezvous": ["self", "worker_group"],
+    "_assign_worker_ranks": ["self", "store", "group_rank", "group_world_size", "spec"],
     "_setup_local_watchdog": ["self", "envs"],
     "run": ["self", "role"],
 }
@@ -64,6 +65,10 @@ TORCH_PRIVATE_NAMES = {
         "_store": (DYNAMIC_RENDEZVOUS_MODULE, "the handler's store, swapped for the counting one"),
         "_state_holder": (DYNAMIC_RENDEZVOUS_MODULE, "the way to the c10d backend"),
         "_backend": (DYNAMIC_RENDEZVOUS_MODULE, "the state holder's c10d backend, whose store is swapped too"),
+    },
+    "rendezvous/round_failure.py": {  # check_rank_assignment
+        "_settings": (DYNAMIC_RENDEZVOUS_MODULE, "settings.keep_alive_interval / keep_alive_max_attempt: "
+                                                 "the bound of the rank assignment's wait"),
     },
     "rendezvous/membership.py": {  # check_membership
         "_state_holder": (DYNAMIC_RENDEZVOUS_MODULE, "the shared rendezvous state (participants, wait list)"),
@@ -798,6 +803,31 @@ def check_store_counter(src: TorchSource) -> Iterator[str]:
             yield f"{cls} no longer keeps self.{name} (launcher/rendezvous/store_counter.py swaps the store there)"
 
 
+def check_rank_assignment(src: TorchSource) -> Iterator[str]:
+    """launcher/rendezvous/round_failure.py bounds torch's rank assignment after a round (the store's
+    timeout, set around our ``_assign_worker_ranks`` hook) and names the members whose role info is not
+    in the store: ``_rendezvous`` must call the hook with the round's store, the hook must exchange
+    role infos through that store under torch's key, and c10d's settings must hold the keep-alive rule."""
+    from launcher.rendezvous.round_failure import ROLE_INFO_PREFIX
+
+    module, method = agent_method(src, "_rendezvous")
+    if "self._assign_worker_ranks(" not in src.segment(module, method).replace("\n", "").replace(" ", ""):
+        yield "torch's _rendezvous no longer calls self._assign_worker_ranks (launcher/rendezvous/round_failure.py)"
+    module, method = agent_method(src, "_assign_worker_ranks")
+    source = src.segment(module, method)
+    # the role-info prefix: torch's local constant where it names one, else the literal in its keys
+    prefixes = {ast.unparse(node.value) for node in ast.walk(method) if isinstance(node, ast.Assign)
+                and any(ast.unparse(t) == "ROLE_INFO_PREFIX" for t in node.targets)}
+    known = prefixes == {repr(ROLE_INFO_PREFIX)} if prefixes else ROLE_INFO_PREFIX in source
+    if not known or "store.multi_get(" not in source:
+        yield (f"torch's _assign_worker_ranks no longer reads the role infos ({ROLE_INFO_PREFIX!r}) with "
+               "store.multi_get (launcher/rendezvous/round_failure.py)")
+    settings_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings"))
+    for name in ("keep_alive_interval", "keep_alive_max_attempt"):
+        if name not in settings_fields:
+            yield f"RendezvousSettings has no {name} (launcher/rendezvous/round_failure.py reads it)"
+
+
 def check_master_port(src: TorchSource) -> Iterator[str]:
     """launcher/rendezvous/master_port.py replaces the ``get_free_port`` name of torch's rendezvous api module,
     which ``RendezvousStoreInfo.build`` calls for the workers' store port of a fresh store."""
@@ -814,7 +844,7 @@ CHECKS: tuple[Callable[[TorchSource], Iterator[str]], ...] = (
     check_hooks, check_start_workers_hands_us_envs, check_stop_workers, check_shutdown_timeout,
     check_invoke_run, check_private_attributes, check_private_names, check_data_we_read, check_environment_variables,
     check_launch_agent, check_launch_config, check_torchrun, check_our_imports, check_rendezvous_poll,
-    check_c10d_read_timeout, check_membership, check_store_counter, check_master_port,
+    check_c10d_read_timeout, check_membership, check_store_counter, check_master_port, check_rank_assignment,
 )
 
 

@@ -446,6 +446,22 @@ class Restart(EventRecord):
 
 
 @dataclass(kw_only=True)
+class RoundFailure(EventRecord):
+    """``round_failed``: a rendezvous round closed counting a node that never took part in the rank
+    assignment (it died as the round closed); a restart, and the next round forms without it."""
+
+    EVENT: ClassVar[str] = "round_failed"
+
+    cycle: int | None = _f(doc="the latest cycle before it (-1: none yet)")
+    group_rank: int | None = _f()
+    group_world_size: int | None = _f()
+    missing_ranks: list[int] = _f(doc="group ranks that never took part", factory=list)
+    waited_s: float | None = _f()
+    what: str | None = _f(doc="what timed out")
+    restarts_left: int | None = _f(doc="before this one was counted (0: the launcher ends)")
+
+
+@dataclass(kw_only=True)
 class MinHealthyRestart(EventRecord):
     """``min_healthy_restart``: under ``min-healthy``, too few healthy nodes were left: restart."""
 
@@ -514,7 +530,7 @@ KINDS: dict[str, type[EventRecord]] = {
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
         WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest, Straggler,
         MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart,
-        MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
+        RoundFailure, MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""

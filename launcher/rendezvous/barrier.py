@@ -34,7 +34,9 @@ ring skipping members known dead); a successor whose counter did not move for
 ``keep_alive_interval`` x ``keep_alive_max_attempt`` is claimed dead (a ``compare_set`` on
 ``r<r>/dead_claim/<rank>``; the winner appends it to a list: an ``add`` to ``r<r>/dead_count`` and a
 ``set`` of ``r<r>/dead/<n>``), and the watcher moves on to the next one. So 2 operations per node
-per interval, whatever N; nobody rewrites shared state. Members alive = ``M`` - dead.
+per interval, whatever N; nobody rewrites shared state. Members alive = ``M`` - dead. The
+keep-alive has its own store connection (:mod:`launcher.rendezvous.own_connection`): a call of the
+agent's that waits in the store must not hold this node's heartbeats.
 
 ``set_closed`` sets ``shutdown`` and closes the round that waiting nodes are in (``r<r>/closed`` =
 ``shutdown``): they end with ``RendezvousClosedError`` (``RendezvousGracefulExitError`` for a
@@ -42,8 +44,9 @@ spare), as with c10d. ``is_closed`` is one ``check``.
 
 What it does not do that c10d does (docs/multinode.md): liveness is watched only while a round
 runs, so a node that arrived and then died before its round closed is counted in it (c10d drops
-it once its keep-alive expires while the round forms): that round starts without it, its workers
-fail and the next round forms without it; a node that gave up (join timeout) is likewise still
+it once its keep-alive expires while the round forms): the rank assignment after that round fails,
+a restart (:mod:`launcher.rendezvous.round_failure`, which counts it gone: :meth:`count_as_gone`),
+and the next round forms without it; a node that gave up (join timeout) is likewise still
 counted. A restart in which a live member does not come back (it died undetected, or is slow)
 waits ``last_call_timeout`` before closing without it. A node declared dead is never undeclared
 (only :meth:`BarrierRendezvousHandler.membership_view`'s count and live ranks use it). The keys of
@@ -55,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import socket
 import threading
 import time
@@ -73,6 +77,7 @@ from torch.distributed.elastic.rendezvous import (
 )
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import create_backend
 
+from launcher.rendezvous.own_connection import own_connection
 from launcher.rendezvous.poll import parse_poll_interval
 
 logger = logging.getLogger(__name__)
@@ -159,6 +164,7 @@ class BarrierRendezvousHandler(RendezvousHandler):
         self._rank = 0
         self._world = 0
         self._keep_alive: _KeepAlive | None = None
+        self._keep_alive_store: Any = None  # its own connection (launcher.rendezvous.own_connection)
         self._bootstrap_server: Any = None  # the workers' store server, while this node is (was) rank 0
         self._view: MembershipView | None = None
         self._view_at = float("-inf")
@@ -268,6 +274,17 @@ class BarrierRendezvousHandler(RendezvousHandler):
             self._view_at = now
             return self._view
 
+    def count_as_gone(self, ranks: list[int]) -> None:
+        """Count members of this node's round as gone, as its keep-alive ring would (see the module):
+        they never took part in the rank assignment after the round closed
+        (:mod:`launcher.rendezvous.round_failure`), so the next round does not wait for them."""
+        if self._round is None:
+            return
+        for rank in ranks:
+            if rank != self._rank and _claim_dead(self._store, self._key, self._round, rank, self._rank):
+                logger.warning("rendezvous: rank %s of round %s never took part in the rank assignment; "
+                               "counted as gone", rank, self._round)
+
     def set_poll_interval(self, seconds: float) -> None:
         """Use ``seconds`` as the poll interval (``--rdzv-conf poll_interval``; see
         :mod:`launcher.rendezvous.poll`)."""
@@ -357,8 +374,10 @@ class BarrierRendezvousHandler(RendezvousHandler):
         store = dist.PrefixStore(self._key(round_, "store"), self._store)
         logger.info("rendezvous: joined round %s of %r as rank %s of %s", round_, self._run_id, rank, world)
         if world > 1:
-            self._keep_alive = _KeepAlive(self._store, self._key, round_, rank, world, self.keep_alive_interval,
-                                          self.keep_alive_max_attempt)
+            if self._keep_alive_store is None:
+                self._keep_alive_store = own_connection(self._store)
+            self._keep_alive = _KeepAlive(self._keep_alive_store, self._key, round_, rank, world,
+                                          self.keep_alive_interval, self.keep_alive_max_attempt)
             self._keep_alive.start()
         return RendezvousInfo(store, rank, world, self._bootstrap_info(store, rank))
 
@@ -451,13 +470,21 @@ class _KeepAlive:
         return None
 
     def _declare_dead(self, rank: int, silent_s: float) -> None:
-        mine = str(self._rank)
-        if self._store.compare_set(self._key(self._round, f"dead_claim/{rank}"), "", mine).decode() != mine:
-            return  # another watcher declared it
-        count = int(self._store.add(self._key(self._round, "dead_count"), 1))
-        self._store.set(self._key(self._round, f"dead/{count}"), str(rank))
-        logger.warning("rendezvous: rank %s of round %s sent no heartbeat for %.1f s; counted as gone",
-                       rank, self._round, silent_s)
+        if _claim_dead(self._store, self._key, self._round, rank, self._rank):
+            logger.warning("rendezvous: rank %s of round %s sent no heartbeat for %.1f s; counted as gone",
+                           rank, self._round, silent_s)
+
+
+def _claim_dead(store: Any, key: Callable[[int, str], str], round_: int, rank: int, claimer: int) -> bool:
+    """Append ``rank`` to round ``round_``'s dead list unless it is there; whether this call put it there.
+    The claim's value is unique to the call: a member that claims a rank twice (its keep-alive, then
+    :meth:`BarrierRendezvousHandler.count_as_gone`) must find it taken, not count it again."""
+    mine = f"{claimer}:{secrets.token_hex(8)}"
+    if store.compare_set(key(round_, f"dead_claim/{rank}"), "", mine).decode() != mine:
+        return False  # another watcher declared it
+    count = int(store.add(key(round_, "dead_count"), 1))
+    store.set(key(round_, f"dead/{count}"), str(rank))
+    return True
 
 
 def create_handler(params: RendezvousParameters) -> BarrierRendezvousHandler:

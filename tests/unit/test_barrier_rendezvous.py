@@ -262,3 +262,38 @@ def test_ft_launchers_rendezvous_code_builds_it_with_its_defaults(server):
     handler = create_rendezvous_handler(plan.config)
     assert (handler.keep_alive_interval, handler.keep_alive_max_attempt, handler.last_call_timeout) == (1, 3, 2)
     assert rendezvous_poll.apply_to_handler(handler, 0.05) and handler.poll_interval == 0.05
+
+
+def test_a_store_call_that_waits_does_not_starve_the_nodes_keep_alive(server):
+    # torch's rank assignment waits in the agent's store client for a member that died; the keep-alive
+    # shared that client (one lock per request): this node sent no heartbeat meanwhile, and the
+    # member watching it counted it gone (issue 31, item 4). It has its own connection now.
+    handlers = [_handler(server, 2, 2, keep_alive_interval=0.1, keep_alive_max_attempt=5) for _ in range(2)]
+    results = _join_all(handlers)
+    blocked = next(h for h, r in zip(handlers, results, strict=True) if r[0] == 0)
+    watcher = next(h for h, r in zip(handlers, results, strict=True) if r[0] == 1)
+    blocked._store.set_timeout(datetime.timedelta(seconds=3))
+    started = time.monotonic()
+    with pytest.raises(dist.DistStoreError):
+        blocked._store.get("a key no member writes")  # waits 3 s, over the 0.5 s keep-alive expiry
+    assert time.monotonic() - started >= 2.9
+    watcher._view = None
+    view = watcher.membership_view()
+    _stop(handlers)
+    assert view.live_ranks == frozenset({0, 1}), "rank 0 was counted gone while it waited in the store"
+
+
+def test_members_counted_gone_after_a_failed_round_let_the_next_round_close_at_once(server):
+    # a member that died as the round closed: the survivors count it gone (launcher.rendezvous.round_failure),
+    # so the next round closes when they are back, not after the 30 s last call
+    handlers = [_handler(server, 1, 3, last_call_timeout=30, keep_alive_interval=5) for _ in range(3)]
+    results = _join_all(handlers)
+    by_rank = {r[0]: h for h, r in zip(handlers, results, strict=True)}
+    _stop([by_rank[1]])  # gone: never comes back
+    for rank in (0, 2, 0):  # twice from one node (its keep-alive may have claimed it too): counted once
+        by_rank[rank].count_as_gone([1])
+    started = time.monotonic()
+    again = _join_all([by_rank[0], by_rank[2]])
+    _stop(handlers)
+    assert time.monotonic() - started < 10
+    assert sorted(again) == [(0, 2), (1, 2)]

@@ -407,6 +407,13 @@ def test_static_checks_find_a_renamed_store_of_the_c10d_backend(tmp_path):
     assert any(p.startswith("check_store_counter") and "C10dRendezvousBackend" in p for p in problems), problems
 
 
+def test_static_checks_find_a_rank_assignment_under_other_keys(tmp_path):
+    # launcher/rendezvous/round_failure.py names the members whose role info is missing by torch's key
+    problems = problems_with_an_edit(tmp_path, "agent/server/api.py",
+                                     'ROLE_INFO_PREFIX = "torchelastic/role_info/"', 'ROLE_INFO_PREFIX = "role/"')
+    assert any(p.startswith("check_rank_assignment") for p in problems), problems
+
+
 def test_static_checks_find_a_rendezvous_that_picks_its_port_another_way(tmp_path):
     # launcher/rendezvous/master_port.py replaces the get_free_port that RendezvousStoreInfo.build calls
     problems = problems_with_an_edit(tmp_path, "rendezvous/api.py",
