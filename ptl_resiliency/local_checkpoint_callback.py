@@ -60,6 +60,9 @@ class LocalCheckpointCallback(ModelCheckpoint):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """No local checkpoint after validation."""
 
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        """No local checkpoint on an exception (its peer exchange needs every rank)."""
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Wait for a background save still running (the process may exit next)."""
         io = _hierarchical_io(trainer)
