@@ -138,7 +138,8 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
             return self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
         logger.info("resuming from the local checkpoint of iteration %s (global: %s)", local_iteration,
                     global_iteration)
-        state, _ = self.local_ckpt_manager.load()
+        weights_only = kwargs.get("weights_only")
+        state, _ = self.local_ckpt_manager.load(weights_only=True if weights_only is None else bool(weights_only))
         return self.from_tensor_aware_state_dict(state, **kwargs)
 
     def remove_checkpoint(self, path: Any) -> None:

@@ -228,10 +228,15 @@ class BaseCheckpointManager(ABC):
         logger.info("local checkpoint: newest complete iteration %s", self.latest_iteration)
         return self.latest_iteration
 
-    def load(self) -> tuple[TensorAwareStateDict, CkptID]:
+    def load(self, *, weights_only: bool = True) -> tuple[TensorAwareStateDict, CkptID]:
         """Load this rank's state of :meth:`find_latest`'s iteration; every rank calls it at once.
 
         A rank whose node holds no verified copy receives one from a node that does, over gloo.
+
+        Args:
+            weights_only: ``torch.load``'s: True (torch's default) reads tensors and plain
+                containers only; False also unpickles other objects (as Lightning's own load does
+                when ``fit(weights_only=False)``).
 
         Raises:
             CheckpointingException: ``find_latest`` found nothing, or a transfer failed its checksum.
@@ -258,9 +263,9 @@ class BaseCheckpointManager(ABC):
                                          "failed its checksum")
         import torch
 
-        # Our own file or a replica from a rank of this job, checksummed: Lightning checkpoints
-        # hold Python objects (hyperparameters, loop state), which weights_only would refuse.
-        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)  # nosec B614
+        # Our own file or a replica from a rank of this job, checksummed; weights_only as the
+        # caller asks (Lightning passes its fit(weights_only=...)), torch's safe loader by default.
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=weights_only)
         received = any(t[1] == rank for t in transfers)
         source = f"rank {self._plan[rank][0]}'s replica" if received else "this node"
         self.last_load = {"iteration": self.latest_iteration, "received": received, "sender": self._plan[rank][0],
