@@ -124,10 +124,14 @@ def test_stop_if_detected_saves_and_stops_without_marking_the_run_finished(tmp_p
     assert stragglers and {e["action"] for e in stragglers} == {"stop"}, stragglers
 
 
-def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str) -> tuple[dict, dict[str, str]]:
+def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str, spare: bool = False) -> tuple[dict, dict[str, str]]:
     """Nodes a and b (two ft_launchers on this machine, one rank each, c10d) under ``--nnodes
     nnodes``; b's rank is 2x slower, the callback's action "replace" with replace_after=2 and a
     checkpoint every 40 of 150 steps. Returns the launchers (ended) and their stderr by name.
+
+    ``spare``: a third launcher, c, joins once a and b's round has formed and waits as a spare;
+    the ranks hold before step 20 (before any report) until c has waited 10 s in the rendezvous
+    (its warm template's start says so), so that b's request meets a spare waiting.
 
     a hosts the rendezvous store (the first launcher to bind the endpoint does): the node that
     leaves must not be the one holding it, as on a cluster (the endpoint is node 1).
@@ -142,10 +146,15 @@ def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str) -> tuple[dict, dict[str,
            "slow_factor": 2.0, "ckpt_dir": str(tmp_path / "ckpt"), "ckpt_every": 40,
            "cb": {"report_time_interval": 0.8, "calc_individual_gpu_perf": False, "action": "replace",
                   "replace_after": 2}}
+    go = tmp_path / "go"
+    if spare:
+        cfg["hold_file"] = str(go)
     procs = {}
-    for name in ("a", "b"):
+    for name in ("a", "b", "c") if spare else ("a", "b"):
         if name == "b":
             wait_for(lambda: _listening(port), 60, "node a's rendezvous store")
+        if name == "c":
+            wait_for(lambda: _has_event(tmp_path / "a" / "events.jsonl", "cycle_start"), 120, "a and b's round")
         (tmp_path / name).mkdir()
         procs[name] = start_launcher(
             ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
@@ -155,6 +164,10 @@ def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str) -> tuple[dict, dict[str,
             env={"STRAGGLER_NODE": name})
     out = {}
     try:
+        if spare:
+            wait_for(lambda: _has_event(tmp_path / "c" / "events.jsonl", "warm_template_started"), 90,
+                     "node c waiting as a spare")
+            go.touch()
         for name, proc in procs.items():
             out[name] = proc.communicate(timeout=200)[1]
     finally:
@@ -165,6 +178,10 @@ def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str) -> tuple[dict, dict[str,
         for name, text in out.items():
             (tmp_path / name / "stderr.txt").write_text(text)
     return procs, out
+
+
+def _has_event(path: Path, kind: str) -> bool:
+    return path.exists() and bool(events_of(read_events(path), kind))
 
 
 @pytest.mark.timeout(300)
@@ -241,3 +258,19 @@ def test_a_hand_written_loop_finds_the_slow_rank_through_ft_integration(tmp_path
     assert len(reports) >= 2, result.stdout + result.stderr[-3000:]
     assert reports[0]["relative"] in ([], [1]), reports
     assert all(r["relative"] == [1] for r in reports[1:]), reports
+
+
+@pytest.mark.timeout(300)
+def test_replace_at_nnodes_min_with_a_spare_waiting_replaces_the_node_with_the_spare(tmp_path: Path) -> None:
+    # --nnodes 2 and node c waiting as a spare (c10d's redundancy list: it came while the round was
+    # full): the job can go on without b, so b leaves (exit 65) and a restarts with c.
+    procs, out = _two_nodes_with_b_slow(tmp_path, "2", spare=True)
+    assert procs["b"].returncode == 65, out["b"][-4000:]
+    assert procs["a"].returncode == 0, out["a"][-4000:]
+    assert procs["c"].returncode == 0, out["c"][-4000:]
+    b_events = read_events(tmp_path / "b" / "events.jsonl")
+    assert not events_of(b_events, "replace_refused")
+    assert "(1 spare node(s) wait to take its place)" in out["b"], out["b"][-4000:]
+    assert len(events_of(read_events(tmp_path / "c" / "events.jsonl"), "cycle_start")) == 1
+    for name in ("a", "c"):
+        assert "fit done: 150 steps" in out[name], out[name][-4000:]
