@@ -147,8 +147,13 @@ def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str, spare: bool = False) -> 
            "cb": {"report_time_interval": 0.8, "calc_individual_gpu_perf": False, "action": "replace",
                   "replace_after": 2}}
     go = tmp_path / "go"
+    # c10d drops a node whose keep-alive is late by keep_alive_interval x max_attempt: 2 s finds b gone
+    # soon, but on a loaded machine a late keep-alive of a or b frees a slot, and a spare that
+    # arrives then takes it (it goes on the wait list instead of the redundancy list)
+    keep = 2
     if spare:
         cfg["hold_file"] = str(go)
+        keep = 6
     procs = {}
     for name in ("a", "b", "c") if spare else ("a", "b"):
         if name == "b":
@@ -159,7 +164,7 @@ def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str, spare: bool = False) -> 
         procs[name] = start_launcher(
             ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
              f"127.0.0.1:{port}", "--rdzv-id", f"job-{port}", "--max-restarts", "2", "--monitor-interval", "0.1",
-             "--rdzv-conf", "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=2",
+             "--rdzv-conf", f"join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt={keep}",
              "--ft-event-log", str(tmp_path / name / "events.jsonl"), *NULL_HEARTBEATS, WORKER, json.dumps(cfg)],
             env={"STRAGGLER_NODE": name})
     out = {}
