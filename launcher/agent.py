@@ -55,6 +55,7 @@ from ft_core.wire.env import (
 from launcher.agent_phase import AgentPhase
 from launcher.decision.crash_loop import Fingerprint
 from launcher.decision.decide import Action, Decision, decide
+from launcher.decision.facts import CycleFacts
 from launcher.decision.gather import CycleFailures
 from launcher.decision.restart_policy import RestartPolicy
 from launcher.events.log import EventLog
@@ -63,6 +64,7 @@ from launcher.events.records import (
     GracefulStopped,
     LeftoversKilled,
     MinHealthyRestart,
+    ReplaceRefused,
     Restart,
     RoundFailure,
     SignalForwarded,
@@ -381,7 +383,12 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._requests.drain(self.cycle)
         self._requests.check_other_nodes(self.cycle)
         if self._requests.current is not None:
-            return self._stop_for_request(worker_group, result)
+            facts = self._failures.at_request(worker_group, self._remaining_restarts, self._requests.current,
+                                              self._requests.cause)
+            decision = decide(facts)
+            if decision.action is not Action.KEEP:
+                return self._stop_for_request(worker_group, result, decision)
+            self._keep_node(facts, decision)  # the workers go on: on to their failure or success
         if result.state in _FAILED_STATES:
             return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
@@ -418,10 +425,22 @@ class FaultTolerantAgent(LocalElasticAgent):
             logger.warning("%s", decision.reason)
         return self._steer_torch(decision, RunResult(state=WorkerState.FAILED))
 
-    def _stop_for_request(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
-        """A workload control request decided the run: the failures or the request's line, then the stop."""
-        decision = decide(self._failures.at_request(worker_group, self._remaining_restarts, self._requests.current,
-                                                    self._requests.cause))
+    def _keep_node(self, facts: CycleFacts, decision: Decision) -> None:
+        """A replace request refused (the job cannot go on without this node): one line and one
+        record say why; the other ranks' replace requests of the cycle are refused silently."""
+        logger.warning("%s", decision.reason)
+        self._events.record_event(ReplaceRefused(cycle=self.cycle, reason=decision.reason,
+                                                 nodes=facts.group_world_size, min_nodes=facts.policy.min_nodes,
+                                                 spares_waiting=facts.spares_waiting))
+        self._requests.refuse(self.cycle)
+
+    def _stop_for_request(self, worker_group: WorkerGroup, result: RunResult,
+                          decision: Decision | None = None) -> RunResult:
+        """A workload control request decided the run: the failures or the request's line, then the stop
+        (``decision``: already taken on the request, else taken here)."""
+        if decision is None:
+            decision = decide(self._failures.at_request(worker_group, self._remaining_restarts,
+                                                        self._requests.current, self._requests.cause))
         if result.state in _FAILED_STATES:
             self._failures.write(self._failures.records(worker_group, result.failures, self.cycle,
                                                         self._cycle_workers.watch, self._cycle_workers.stopped_by_us),

@@ -755,7 +755,7 @@ def check_rendezvous_poll(src: TorchSource) -> Iterator[str]:
 
 
 MEMBERSHIP_HANDLER_ATTRIBUTES = {
-    "_state_holder": "the shared rendezvous state (participants, wait list) is read from it",
+    "_state_holder": "the shared rendezvous state (participants, wait list, redundancy list) is read from it",
     "_settings": "settings.min_nodes / max_nodes: whether a new node may join the round now",
     "_heartbeat_lock": "held while the state is read (torch holds it while it syncs the state)",
 }
@@ -780,7 +780,7 @@ def check_membership(src: TorchSource) -> Iterator[str]:
         yield ("DynamicRendezvousHandler.num_nodes_waiting no longer counts state.wait_list "
                "(launcher/rendezvous/membership.py refines that count)")
     state_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "_RendezvousState"))
-    for name in ("participants", "wait_list"):
+    for name in ("participants", "wait_list", "redundancy_list"):
         if name not in state_fields:
             yield f"_RendezvousState has no {name} (launcher/rendezvous/membership.py reads it)"
     settings_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings"))

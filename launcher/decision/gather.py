@@ -73,7 +73,9 @@ class CycleFailures:
         first = records[0]  # every record of a cycle carries its root's fingerprint (None: no root)
         self.last_fingerprint = first.fingerprint
         # One node fewer must still make a round (--nnodes MIN) for a node to leave instead of a stop.
-        can_lose_a_node = (worker_group.group_world_size or 1) - 1 >= self.policy.min_nodes
+        # Spares are not counted here: every node must reach the same verdict, and each would read
+        # the waiting spares at its own moment.
+        can_lose_a_node = self.policy.can_lose_a_node(worker_group.group_world_size)
         verdict = (self._guard.on_failure(
             CycleFailure(cycle, first.fingerprint, first.root_step, self._root_node(first, worker_group),
                          first.root_before_first_step, first.root_from_outside),
@@ -88,8 +90,13 @@ class CycleFailures:
 
     def at_request(self, worker_group: Any, remaining_restarts: int, request: WorkloadRequest | None,
                    cause: str) -> CycleFacts:
-        """The facts when a workload control request decided the run."""
-        return self._facts(worker_group, remaining_restarts, request=request, request_cause=cause)
+        """The facts when a workload control request decided the run; for a replace request also
+        the round's size and the spare nodes waiting (read from the rendezvous only then)."""
+        if request is not WorkloadRequest.REPLACE:
+            return self._facts(worker_group, remaining_restarts, request=request, request_cause=cause)
+        return self._facts(worker_group, remaining_restarts, request=request, request_cause=cause,
+                           group_world_size=worker_group.group_world_size,
+                           spares_waiting=spares_waiting(worker_group))
 
     def _facts(self, worker_group: Any, remaining_restarts: int, **facts: Any) -> CycleFacts:
         return CycleFacts(policy=self.policy, remaining_restarts=remaining_restarts,
@@ -162,3 +169,10 @@ def live_group_ranks(worker_group: Any) -> frozenset[int] | None:
     (:mod:`launcher.rendezvous.membership`)."""
     live = getattr(worker_group.spec.rdzv_handler, "live_group_ranks", None)
     return live() if callable(live) else None
+
+
+def spares_waiting(worker_group: Any) -> int | None:
+    """The nodes waiting in the rendezvous that are not members of this round (spares, new
+    nodes), from the membership proxy (:mod:`launcher.rendezvous.membership`); None if unknown."""
+    count = getattr(worker_group.spec.rdzv_handler, "spares_waiting", None)
+    return count() if callable(count) else None

@@ -345,6 +345,21 @@ class ControlRequest(EventRecord):
 
 
 @dataclass(kw_only=True)
+class ReplaceRefused(EventRecord):
+    """``replace_refused``: a rank asked to replace this node (the straggler detector's replace
+    action) and the job cannot go on without it (no spare node waits, ``--nnodes`` MIN allows no
+    fewer nodes): the node stays and training goes on."""
+
+    EVENT: ClassVar[str] = "replace_refused"
+
+    cycle: int | None = _f()
+    reason: str | None = _f(doc="the line the launcher logged")
+    nodes: int | None = _f(doc="the nodes of the round")
+    min_nodes: int | None = _f(doc="`--nnodes` MIN")
+    spares_waiting: int | None = _f(doc="spare nodes waiting in the rendezvous; null: not known")
+
+
+@dataclass(kw_only=True)
 class Straggler(EventRecord):
     """``straggler``: the straggler detector flagged a rank, or a whole node, of this node as slow
     in one report interval (the scores are the detector's: lower is slower)."""
@@ -528,9 +543,9 @@ class Summary(EventRecord):
 KINDS: dict[str, type[EventRecord]] = {
     cls.EVENT: cls for cls in (
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
-        WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest, Straggler,
-        MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart,
-        RoundFailure, MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
+        WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest,
+        ReplaceRefused, Straggler, MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived,
+        SignalForwarded, Restart, RoundFailure, MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""

@@ -430,6 +430,8 @@ def timeline_lines(report: RunReport) -> list[str]:
                                  f"{_or_unknown(record.action)}: {record.description or '(no reason given)'}")
             elif isinstance(record, kinds.Straggler):
                 add(record_time(record), f"{where} {straggler_text(record)}")
+            elif isinstance(record, kinds.ReplaceRefused):
+                add(record_time(record), f"{where} {_or_unknown(record.reason)}")
             elif isinstance(record, (kinds.MonitorDied, kinds.MonitorReplaced, kinds.LeftoversKilled)):
                 add(record_time(record), f"{where} {record.EVENT.replace('_', ' ')}")
         by_cycle: dict[Any, list[kinds.GracefulStopped]] = {}

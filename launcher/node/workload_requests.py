@@ -40,9 +40,11 @@ class WorkloadRequests:
         self._channel = channel
         self._events = events
         self.current: WorkloadRequest | None = None
-        """The request that decided the run: SHUTDOWN wins over EXCLUDE; None before one."""
+        """The request that decided the run: SHUTDOWN wins over EXCLUDE, EXCLUDE over REPLACE (to be
+        judged: :meth:`refuse` clears it); None before one."""
         self.cause = ""
         """Who asked for :attr:`current` and why, for the stop line."""
+        self._refused_cycle: int | None = None  # a replace request was refused in this cycle
 
     def drain(self, cycle: int) -> None:
         """Read every request this node's ranks sent since the last call (non-blocking)."""
@@ -65,8 +67,19 @@ class WorkloadRequests:
                 if self.current is not WorkloadRequest.SHUTDOWN:
                     self.current, self.cause = WorkloadRequest.SHUTDOWN, asked
                 self._channel.publish_shutdown(self._events.node, item.rank, description)
-            elif action is WorkloadAction.ExcludeThisNode and self.current is None:
-                self.current, self.cause = WorkloadRequest.EXCLUDE, asked
+            elif action is WorkloadAction.ExcludeThisNode and not item.request.only_if_replaceable:
+                if self.current in (None, WorkloadRequest.REPLACE):
+                    self.current, self.cause = WorkloadRequest.EXCLUDE, asked
+            elif action is WorkloadAction.ExcludeThisNode and self.current is None and self._refused_cycle != cycle:
+                # every rank of the node asks; once refused, the others' requests of the cycle are too
+                self.current, self.cause = WorkloadRequest.REPLACE, asked
+
+    def refuse(self, cycle: int) -> None:
+        """The replace request (:attr:`current` REPLACE) was refused: forget it, and refuse the
+        other ranks' replace requests of ``cycle`` without another decision."""
+        if self.current is WorkloadRequest.REPLACE:
+            self.current, self.cause = None, ""
+        self._refused_cycle = cycle
 
     def check_other_nodes(self, cycle: int, force: bool = False) -> None:
         """Learn about a ShutdownWorkload requested on another node (``force``: read the store

@@ -100,6 +100,8 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("docs/launcher.md", "[ft_launcher] summary: 3 cycles"): "output: summary lines of two runs",
     ("docs/launcher.md", "wall time 17.1 s"): "output: ft_report's figures for one run",
     ("docs/stragglers.md", "GPU relative performance:"): "output: a 32-GPU run's log excerpt",
+    ("docs/stragglers.md", "not replaced: no spare node waits"):
+        "output: the launcher's line (tests/integration/test_stragglers.py::test_replace_with_no_spare_... asserts it)",
 }
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
