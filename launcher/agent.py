@@ -17,19 +17,21 @@ overrides its hooks; each hook calls into a unit that owns one concern:
   decides, and :meth:`FaultTolerantAgent._steer_torch`, the one place that steers torch's loop,
   carries the decision out.
 - ``_restart_workers``: "another node restarted" record.
-- ``_stop_workers`` / ``_shutdown``: ``--term-timeout`` to the fraction of a second; what workers
-  left behind (:mod:`launcher.node.processes`).
+- ``_stop_workers`` / ``_shutdown``: ``--term-timeout`` to the fraction of a second, SIGKILL for a
+  node that leaves; what workers left behind (:mod:`launcher.node.worker_stop`).
 
-What the agent is doing is one explicit phase (:class:`launcher.agent_phase.AgentPhase`: idle,
-starting, running, failed, waiting, succeeded, shutdown, excluded), changed only through
-:meth:`FaultTolerantAgent._enter`, which checks the transition. How workers start is a start
-coordinator's business (:mod:`launcher.warm.coordinator` or :mod:`launcher.warm.cold`).
+The agent is given the node's started parts as one :class:`NodeParts` and how workers stop as
+one :class:`launcher.node.worker_stop.StopSettings`. What the agent is doing is one explicit
+phase (:class:`launcher.agent_phase.AgentPhase`: idle, starting, running, failed, waiting,
+succeeded, shutdown, excluded, repeated), changed only through :meth:`FaultTolerantAgent._enter`,
+which checks the transition. How workers start is a start coordinator's business
+(:mod:`launcher.warm.coordinator` or :mod:`launcher.warm.cold`).
 
 Its public surface for :mod:`launcher.launch`: :attr:`cycle`, :attr:`phase`,
-:attr:`worker_pids`, :attr:`stopped_cleanly`, :attr:`ending`, :meth:`forward_signal`,
-:meth:`wait_for_shutdown_acks`. Nothing else reads
-torch's or the agent's private attributes; ``tests/unit/test_torch_hooks.py`` checks every hook
-signature and private torch attribute used here against the installed torch.
+:attr:`worker_pids`, :attr:`stopped_cleanly`, :attr:`ending`, :attr:`last_fingerprint`,
+:meth:`graceful_stops`, :meth:`forward_signal`, :meth:`wait_for_shutdown_acks`. Nothing else
+reads torch's or the agent's private attributes; ``tests/unit/test_torch_hooks.py`` checks every
+hook signature and private torch attribute used here against the installed torch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
@@ -62,7 +64,6 @@ from launcher.events.log import EventLog
 from launcher.events.records import (
     CycleStart,
     GracefulStopped,
-    LeftoversKilled,
     MinHealthyRestart,
     ReplaceRefused,
     Restart,
@@ -76,10 +77,11 @@ from launcher.node.control_server import ControlServer
 from launcher.node.cycle_workers import CycleWorkers
 from launcher.node.join_check import JoinCheck
 from launcher.node.monitors import MonitorPool
+from launcher.node.worker_stop import StopSettings, WorkerStop
 from launcher.node.workload_requests import WorkloadRequests
 from launcher.rendezvous import round_failure, store_counter
 from launcher.rendezvous.store_channel import StoreChannel
-from launcher.torch_compat import agent_shutdown_kwargs, torch_shutdown_kwargs
+from launcher.torch_compat import agent_shutdown_kwargs
 from launcher.warm.cold import StartCoordinator
 
 logger = logging.getLogger(__name__)
@@ -87,6 +89,28 @@ logger = logging.getLogger(__name__)
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
 _ENDING_PHASES = {Action.LEAVE: AgentPhase.EXCLUDED, Action.REPEATED: AgentPhase.REPEATED,
                   Action.SHUTDOWN: AgentPhase.SHUTDOWN}
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """The node's parts the launcher started and the agent drives (the run owns and releases them).
+
+    Attributes:
+        monitors: The node's started :class:`MonitorPool`.
+        control: The launcher's :class:`ControlServer`.
+        events: Where failure lines and records go.
+        starts: How workers start: the node's warm template coordinator (workers forked from
+            the template, see :mod:`launcher.warm.coordinator`) or ``ColdStart`` (as torchrun).
+        workers: The node's worker table (shared with the launcher's signal dispatcher, which
+            routes signals to the workers through :meth:`FaultTolerantAgent.forward_signal`
+            from its own thread).
+    """
+
+    monitors: MonitorPool
+    control: ControlServer
+    events: EventLog
+    starts: StartCoordinator
+    workers: processes.WorkerProcesses
 
 
 class FaultTolerantAgent(LocalElasticAgent):
@@ -97,25 +121,9 @@ class FaultTolerantAgent(LocalElasticAgent):
             (``spec`` as the start coordinator adopted it).
         ft_cfg: The fault tolerance config (the monitors enforce it; the agent reads the
             termination grace and signal, the stack budget, and what ranks get of it).
-        monitors: The node's started :class:`MonitorPool`.
-        control: The launcher's :class:`ControlServer`.
-        events: Where failure lines and records go.
         restart_policy: What a failure leads to.
-        term_timeout: Seconds from SIGTERM to SIGKILL whenever workers are stopped by torch's
-            loop or a signal to the launcher (fractions kept, see :meth:`_shutdown`).
-        reassert_signal_handlers: Called after each worker start and before each stop (the
-            launcher re-asserts its signal handlers there, since torch installs its own).
-        stop_signal_delivered: ``f(sig)``: True when the launcher is stopping because of
-            ``sig`` and the workers got it themselves (a job-wide signal); the stop then does
-            not send it again (see :mod:`launcher.node.signals`).
-        starts: How workers start: the node's warm template coordinator (workers forked from
-            the template, see :mod:`launcher.warm.coordinator`) or ``ColdStart`` (as torchrun).
-        workers_stop_timeout: ``--workers-stop-timeout``: after a worker failed, seconds from
-            SIGTERM to SIGKILL for the surviving workers.
-        workers: The node's worker table (shared with the launcher's signal dispatcher, which
-            routes signals to the workers through :meth:`forward_signal` from its own thread).
-        helper_pids: Processes of the launcher that are not leftovers of workers (the sentinel);
-            read each time leftovers are killed (the run's ``HelperPids`` gives the pids of then).
+        parts: The node's started parts.
+        stop: How workers are stopped (``stop.term_timeout`` is torch's ``shutdown_timeout``).
     """
 
     def __init__(
@@ -124,21 +132,14 @@ class FaultTolerantAgent(LocalElasticAgent):
         logs_specs: Any,
         *,
         ft_cfg: FaultToleranceConfig,
-        monitors: MonitorPool,
-        control: ControlServer,
-        events: EventLog,
         restart_policy: RestartPolicy,
-        starts: StartCoordinator,
-        workers: processes.WorkerProcesses,
-        workers_stop_timeout: float,
+        parts: NodeParts,
+        stop: StopSettings,
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
-        term_timeout: float = 30.0,
-        reassert_signal_handlers: Callable[[], None] | None = None,
-        stop_signal_delivered: Callable[[signal.Signals], bool] | None = None,
-        helper_pids: Collection[int] = (),
     ) -> None:
-        self._starts = starts
+        monitors, control, events, workers = parts.monitors, parts.control, parts.events, parts.workers
+        self._starts = parts.starts
         self._ft_cfg = ft_cfg
         # torch's loop sleeps monitor_interval before each _monitor_workers call; we make that
         # sleep negligible and instead wait in _monitor_workers for the first of: a worker
@@ -149,12 +150,10 @@ class FaultTolerantAgent(LocalElasticAgent):
         # fractional --term-timeout arrives there intact (test_torch_hooks checks). torch < 2.12
         # takes none: _shutdown then gets no timeout and uses --term-timeout (launcher.torch_compat).
         super().__init__(spec=spec, logs_specs=logs_specs, start_method=start_method,
-                         log_line_prefix_template=log_line_prefix_template, **agent_shutdown_kwargs(term_timeout))
-        self._term_timeout = term_timeout
+                         log_line_prefix_template=log_line_prefix_template,
+                         **agent_shutdown_kwargs(stop.term_timeout))
         self._monitors = monitors
-        self._reassert_signal_handlers = reassert_signal_handlers
-        self._stop_signal_delivered = stop_signal_delivered
-        self._helper_pids = helper_pids  # read when used: a helper started again has a new pid
+        self._stopper = WorkerStop(stop, workers, monitors, parts.starts, events)
         self._control = control
         self._events = events
         self._join_check = JoinCheck(ft_cfg, events)
@@ -172,7 +171,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._rendezvous_s: float | None = None
         self._workers = workers
         torch_logs.install(workers)
-        self._cycle_workers = CycleWorkers(monitors, workers, events, ft_cfg, workers_stop_timeout,
+        self._cycle_workers = CycleWorkers(monitors, workers, events, ft_cfg, stop.workers_stop_timeout,
                                            on_ready=self._workers_ready)
         self.stopped_cleanly = True
         """After the last stop: every worker exited 0 within the timeout (True if none ran)."""
@@ -199,7 +198,7 @@ class FaultTolerantAgent(LocalElasticAgent):
     def worker_pids(self) -> list[int]:
         """Pids of the latest cycle's workers: as torch started them and, under warm restarts,
         the forked workers' own."""
-        return sorted({*self._workers.pids, *self._workers.worker_pids.values()})
+        return self._workers.all_pids
 
     def forward_signal(self, sig: signal.Signals, job_wide: bool = False, received_at: float | None = None) -> None:
         """Pass ``sig`` (e.g. SLURM's SIGUSR1 warning) on to the workers that need it from us.
@@ -328,8 +327,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             logger.info("cycle %s: workers start cold: %s", self.cycle, self._starts.cold_reason)
         self._last_failure_at = None
         logger.info("cycle %s: started workers %s", self.cycle, sorted(worker_pids.values()))
-        if self._reassert_signal_handlers is not None:
-            self._reassert_signal_handlers()
+        self._stopper.reassert_signal_handlers()  # torch's start installed its own
         return pids
 
     def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
@@ -480,50 +478,22 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         # torch's LocalElasticAgent._stop_workers is `self._shutdown()` with its default 30 s
-        # (test_torch_hooks checks); our stops between cycles take --term-timeout instead.
-        if self._phase is AgentPhase.EXCLUDED:
-            # This node leaves and the others go on: its ranks must take part in no further
-            # collective. A SIGTERM would let a rank's graceful-stop handler (ours, Lightning's)
-            # propose a stop that every rank agrees to, ending the whole job "successfully" (seen
-            # on the cluster with the straggler replace action). SIGKILL makes the peers'
-            # collectives fail at once, so they restart, with a spare in this node's place.
-            logger.info("this node leaves the job: its workers are stopped with SIGKILL (no graceful stop)")
-            self._shutdown(signal.SIGKILL, timeout=0.0)
-            return
-        self._shutdown(timeout=self._term_timeout)
+        # (test_torch_hooks checks); our stops between cycles take --term-timeout instead, or
+        # SIGKILL at once when this node leaves the job (WorkerStop.between_cycles says why).
+        death_sig, timeout = self._stopper.between_cycles(leaving=self._phase is AgentPhase.EXCLUDED)
+        self._shutdown(death_sig, timeout=timeout)
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: float | None = None) -> None:
         """Stop the workers: ``death_sig`` to their process groups, SIGKILL after ``timeout`` s.
 
         torch calls this from its ``run`` with our ``--term-timeout`` (as ``shutdown_timeout``),
         also after a signal to the launcher (``death_sig`` is that signal), and we call it from
-        :meth:`_stop_workers`. torch's own stop path takes whole seconds, so the wait itself is
-        ours (:meth:`launcher.node.processes.WorkerProcesses.terminate`, exact to the fraction);
-        torch's ``_shutdown`` then finds the workers gone and only releases its resources (given
-        the timeout rounded up, in case a worker started after our pid list). When the workers
-        got ``death_sig`` themselves (sent to the whole job), it is not sent again: they only get
-        their ``timeout``, warm and cold alike. :attr:`stopped_cleanly` tells how it ended.
-        No ``timeout`` (torch < 2.12 calls it without one) means ``--term-timeout``.
+        :meth:`_stop_workers`. The wait to the fraction of a second, a stop signal the workers
+        got themselves not sent again, torch's own ``_shutdown`` and the leftovers are
+        :meth:`launcher.node.worker_stop.WorkerStop.stop`'s; :attr:`stopped_cleanly` tells how
+        it ended. No ``timeout`` (torch < 2.12 calls it without one) means ``--term-timeout``.
         """
-        if timeout is None:
-            timeout = self._term_timeout
-        if self._reassert_signal_handlers is not None:
-            self._reassert_signal_handlers()  # torch's own handlers would raise on a second signal
-        delivered = self._stop_signal_delivered(death_sig) if self._stop_signal_delivered is not None else False
-        killed = self._workers.terminate(self._workers.pids, timeout, death_sig, already_signalled=delivered)
-        statuses = self._workers.exit_statuses()
-        self.stopped_cleanly = not killed and all(status == 0 for status in statuses.values())
-        super()._shutdown(death_sig, **torch_shutdown_kwargs(timeout))
-        self._workers.close()
-        self._reap_leftovers()
-
-    def _reap_leftovers(self) -> None:
-        """Kill what workers left behind: their process groups and re-parented orphans."""
-        killed = processes.kill_leftovers(worker_pids=self.worker_pids, keep=set(self._monitors.pids()),
-                                          keep_alone={self._starts.pid, *self._helper_pids} - {None})
-        if killed:
-            logger.warning("killed %s process(es) left behind by workers: %s", len(killed), sorted(killed))
-            self._events.record_event(LeftoversKilled(cycle=self.cycle, pids=sorted(killed)))
+        self.stopped_cleanly = self._stopper.stop(super()._shutdown, death_sig, timeout, self.cycle)
 
 
 def _round(value: float | None) -> float | None:

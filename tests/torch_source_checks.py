@@ -121,7 +121,8 @@ LAUNCH_AGENT_CALLS = {
 }
 """Every call torch's ``launch_agent`` makes in any supported release (a release may make fewer)."""
 LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT = {"health_check_server": "the early health check server is not rebuilt"}
-OUR_AGENT_ARG_NAMES = {"shutdown_timeout": "term_timeout"}  # LocalElasticAgent's name -> FaultTolerantAgent's
+OUR_AGENT_ARG_NAMES = {"shutdown_timeout": "stop"}  # LocalElasticAgent's name -> FaultTolerantAgent's
+"""torch's ``shutdown_timeout`` is ``StopSettings.term_timeout`` (``--term-timeout``), in the agent's ``stop``."""
 
 LAUNCH_CONFIG_FIELDS_READ = {
     "role", "nproc_per_node", "max_restarts", "monitor_interval", "local_addr", "event_log_handler",
