@@ -57,22 +57,19 @@ from ft_core.wire.env import (
 from launcher.agent_phase import AgentPhase
 from launcher.decision.crash_loop import Fingerprint
 from launcher.decision.decide import Action, Decision, decide
-from launcher.decision.facts import CycleFacts
 from launcher.decision.gather import CycleFailures
 from launcher.decision.restart_policy import RestartPolicy
 from launcher.events.log import EventLog
 from launcher.events.records import (
-    CycleStart,
     GracefulStopped,
     MinHealthyRestart,
     ReplaceRefused,
     Restart,
-    RoundFailure,
     SignalForwarded,
     SignalReceived,
     WorkersSucceeded,
 )
-from launcher.node import error_files, processes, torch_logs
+from launcher.node import cycle_record, error_files, processes, torch_logs
 from launcher.node.control_server import ControlServer
 from launcher.node.cycle_workers import CycleWorkers
 from launcher.node.join_check import JoinCheck
@@ -280,14 +277,12 @@ class FaultTolerantAgent(LocalElasticAgent):
         """A failed round is a restart like a failed cycle: counted, then the next round; raised
         (the launcher's "rendezvous failed", exit 1) when no restart is left."""
         left = self._remaining_restarts
-        self._events.record_event(RoundFailure(
-            cycle=self.cycle, group_rank=failed.group_rank, group_world_size=failed.world,
-            missing_ranks=failed.missing, waited_s=_round(failed.waited), what=failed.what, restarts_left=left))
+        round_failure.report(self._events, self.cycle, failed, left, worker_group.spec.max_restarts)
         if left <= 0:
             raise failed
-        self._remaining_restarts -= 1
-        logger.warning("%s; restarting (%s/%s restarts left): the next round forms without it", failed, left - 1,
-                       worker_group.spec.max_restarts)
+        # our loop (the retry in _rendezvous), not torch's, restarts here: the restart is spent by us
+        self._steer_torch(Decision(Action.RESTART, str(failed)), RunResult(state=WorkerState.FAILED),
+                          spent_by_torch=False)
         round_failure.forget_missing(worker_group.spec.rdzv_handler, failed)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
@@ -309,20 +304,10 @@ class FaultTolerantAgent(LocalElasticAgent):
                                   template_pid=self._starts.pid)
         self._starts.workers_started(spawned_at)
         since_failure = None if self._last_failure_at is None else spawned_at - self._last_failure_at
-        self._events.record_event(CycleStart(
-            cycle=self.cycle,
-            restart_count=worker_group.spec.max_restarts - self._remaining_restarts,
-            group_rank=worker_group.group_rank,
-            group_world_size=worker_group.group_world_size,
-            ranks={str(w.local_rank): w.global_rank for w in worker_group.workers},
-            worker_pids={str(k): v for k, v in worker_pids.items()},
-            stand_in_pids={str(k): v for k, v in pids.items()} if self._starts.uses_stand_ins else None,
-            rendezvous_s=_round(self._rendezvous_s),
-            spawn_s=_round(spawned_at - self._cycle_began),
-            since_failure_s=_round(since_failure),
-            warm_start=warm_ready,
-            cold_reason=None if warm_ready else self._starts.cold_reason,
-        ))
+        self._events.record_event(cycle_record.cycle_start(
+            self.cycle, worker_group, self._remaining_restarts, pids, worker_pids, self._starts, warm_ready,
+            {"rendezvous_s": self._rendezvous_s, "spawn_s": spawned_at - self._cycle_began,
+             "since_failure_s": since_failure}))
         if not warm_ready and self.cycle > 0 and self._starts.uses_stand_ins:
             logger.info("cycle %s: workers start cold: %s", self.cycle, self._starts.cold_reason)
         self._last_failure_at = None
@@ -386,7 +371,10 @@ class FaultTolerantAgent(LocalElasticAgent):
             decision = decide(facts)
             if decision.action is not Action.KEEP:
                 return self._stop_for_request(worker_group, result, decision)
-            self._keep_node(facts, decision)  # the workers go on: on to their failure or success
+            self._requests.refuse(self.cycle, ReplaceRefused(
+                cycle=self.cycle, reason=decision.reason, nodes=facts.group_world_size,
+                min_nodes=facts.policy.min_nodes, spares_waiting=facts.spares_waiting))
+            # the workers go on: on to their failure or success
         if result.state in _FAILED_STATES:
             return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
@@ -423,15 +411,6 @@ class FaultTolerantAgent(LocalElasticAgent):
             logger.warning("%s", decision.reason)
         return self._steer_torch(decision, RunResult(state=WorkerState.FAILED))
 
-    def _keep_node(self, facts: CycleFacts, decision: Decision) -> None:
-        """A replace request refused (the job cannot go on without this node): one line and one
-        record say why; the other ranks' replace requests of the cycle are refused silently."""
-        logger.warning("%s", decision.reason)
-        self._events.record_event(ReplaceRefused(cycle=self.cycle, reason=decision.reason,
-                                                 nodes=facts.group_world_size, min_nodes=facts.policy.min_nodes,
-                                                 spares_waiting=facts.spares_waiting))
-        self._requests.refuse(self.cycle)
-
     def _stop_for_request(self, worker_group: WorkerGroup, result: RunResult,
                           decision: Decision | None = None) -> RunResult:
         """A workload control request decided the run: the failures or the request's line, then the stop
@@ -449,7 +428,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             self._events.outcome_line(self.cycle, decision.cause, decision.reason)
         return self._steer_torch(decision, result)
 
-    def _steer_torch(self, decision: Decision, result: RunResult) -> RunResult:
+    def _steer_torch(self, decision: Decision, result: RunResult, spent_by_torch: bool = True) -> RunResult:
         """Carry ``decision`` out in torch's loop: the one place that steers it.
 
         torch's ``_invoke_run`` acts on what ``_monitor_workers`` returns: HEALTHY keeps it
@@ -458,7 +437,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         the healthy nodes); RESTART and STOP are the failed result (torch's counter tells them
         apart as :func:`decide` did); a decision that ends the run whatever restarts are left
         (leave, repeated failure, shutdown) sets the counter to 0 and becomes :attr:`ending`.
-        The agent's phase follows the decision here.
+        The agent's phase follows the decision here. A restart our own loop makes (a failed
+        round, retried in :meth:`_rendezvous`: ``spent_by_torch`` False) is taken off the counter here.
         """
         action = decision.action
         if action is Action.WAIT:
@@ -466,6 +446,9 @@ class FaultTolerantAgent(LocalElasticAgent):
                 self._enter(AgentPhase.WAITING)
             return RunResult(state=WorkerState.HEALTHY)
         if not action.overrides_restarts:
+            if not spent_by_torch:
+                self._remaining_restarts -= 1
+                return result
             self._enter(AgentPhase.FAILED)
             return result
         self.ending = decision
@@ -495,6 +478,3 @@ class FaultTolerantAgent(LocalElasticAgent):
         """
         self.stopped_cleanly = self._stopper.stop(super()._shutdown, death_sig, timeout, self.cycle)
 
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)

@@ -17,7 +17,7 @@ import queue
 from ft_core.wire.data import WorkloadAction
 from launcher.decision.facts import WorkloadRequest
 from launcher.events.log import EventLog
-from launcher.events.records import ControlRequest, Straggler
+from launcher.events.records import ControlRequest, ReplaceRefused, Straggler
 from launcher.node.control_server import ControlServer, ReceivedStragglerReport
 from launcher.rendezvous.store_channel import StoreChannel
 
@@ -74,9 +74,12 @@ class WorkloadRequests:
                 # every rank of the node asks; once refused, the others' requests of the cycle are too
                 self.current, self.cause = WorkloadRequest.REPLACE, asked
 
-    def refuse(self, cycle: int) -> None:
-        """The replace request (:attr:`current` REPLACE) was refused: forget it, and refuse the
-        other ranks' replace requests of ``cycle`` without another decision."""
+    def refuse(self, cycle: int, refusal: ReplaceRefused) -> None:
+        """The replace request (:attr:`current` REPLACE) was refused (the job cannot go on without
+        this node): one line and ``refusal``'s record say why; forget the request, and refuse the
+        other ranks' replace requests of ``cycle`` silently, without another decision."""
+        logger.warning("%s", refusal.reason)
+        self._events.record_event(refusal)
         if self.current is WorkloadRequest.REPLACE:
             self.current, self.cause = None, ""
         self._refused_cycle = cycle

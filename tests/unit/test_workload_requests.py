@@ -10,6 +10,7 @@ import pytest
 
 from ft_core.wire.data import WorkloadAction, WorkloadControlRequest
 from launcher.decision.facts import WorkloadRequest
+from launcher.events.records import ReplaceRefused
 from launcher.node.control_server import ReceivedRequest
 from launcher.node.workload_requests import WorkloadRequests
 
@@ -27,6 +28,10 @@ def requests_of(*sent: WorkloadControlRequest) -> tuple[WorkloadRequests, Simple
     return WorkloadRequests(control, channel, events), control  # type: ignore[arg-type]
 
 
+def requests_events(requests: WorkloadRequests) -> list:
+    return requests._events.records  # type: ignore[attr-defined]
+
+
 def test_the_replace_flag_travels_and_a_plain_request_stays_as_the_reference_sends_it():
     assert WorkloadControlRequest.from_dict(REPLACE.to_dict()) == REPLACE
     assert EXCLUDE.to_dict() == {"action": "exclude_this_node", "description": "bad GPU"}
@@ -40,8 +45,10 @@ def test_a_refused_replace_request_refuses_the_other_ranks_of_the_cycle_without_
     requests, control = requests_of(REPLACE)
     requests.drain(0)
     assert requests.current is WorkloadRequest.REPLACE and "rank 0 (pid 100)" in requests.cause
-    requests.refuse(0)
+    refusal = ReplaceRefused(cycle=0, reason="not replaced: no spare", nodes=2, min_nodes=2, spares_waiting=0)
+    requests.refuse(0, refusal)
     assert (requests.current, requests.cause) == (None, "")
+    assert [r for r in requests_events(requests) if isinstance(r, ReplaceRefused)] == [refusal]  # its one record
     control.requests.put(ReceivedRequest(REPLACE, 101, 1))  # rank 1 asks a moment later
     requests.drain(0)
     assert requests.current is None
@@ -57,5 +64,6 @@ def test_an_unconditional_exclude_wins_over_a_replace_request():
     requests, _ = requests_of(EXCLUDE, REPLACE)
     requests.drain(0)
     assert requests.current is WorkloadRequest.EXCLUDE
-    requests.refuse(0)  # refusing applies to a replace request only
+    requests.refuse(0, ReplaceRefused(cycle=0, reason="x", nodes=2, min_nodes=2, spares_waiting=0))
+    # refusing applies to a replace request only
     assert requests.current is WorkloadRequest.EXCLUDE
