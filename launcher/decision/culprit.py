@@ -73,7 +73,7 @@ CRASH = "crash"
 STOPPED = "stopped"
 """Stopped by the launcher (or torch) because of the failure, or still running when it began."""
 LOST = "lost"
-"""A node of the rendezvous group that sent no view of the failure (rule 4): not a rank."""
+"""A node of the rendezvous group that sent no view of the failure (rules 4 and 5): not a rank."""
 LEFT = "left"
 """A rank whose node left the job on request and killed it (rule 0)."""
 ROOT = "root"
@@ -135,7 +135,7 @@ class RankState:
             progress in wire form) is read as a :class:`~ft_core.wire.messages.Progress`.
         stack_frames: Its main thread's innermost frames (``"file:line function"``), if taken.
         stack_file: Where all its threads' stacks were written, if they were.
-        lost_nodes: For a :data:`LOST` root (rule 4): every node that sent no view, the root's
+        lost_nodes: For a :data:`LOST` root (rules 4 and 5): every node that sent no view, the root's
             own first.
     """
 
