@@ -155,9 +155,9 @@ def _assert_node3_blamed(cluster: ClusterRun, survivors: tuple[str, ...]) -> Non
         failed = failures(cluster.events(node))
         assert failed, node
         for record in failed:
-            assert (record["role"], record["root_node"], record["root_outcome"]) == ("collateral", "node3", "lost"), \
-                (node, record)
-            assert record["root_cause"].startswith("node node3 (group rank "), record
+            blamed = (record["role"], record.get("root_node"), record.get("root_outcome"))
+            assert blamed == ("collateral", "node3", "lost"), (node, record)
+            assert record.get("root_cause", "").startswith("node node3 (group rank "), record
         # ft_job.sbatch: one log per node; autoresume.sh: every node's launcher in the job's output
         text = cluster.log(node) + "".join(out.read_text(errors="replace")
                                            for out in sorted(cluster.run_dir.glob("slurm-*.out")))
