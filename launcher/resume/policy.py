@@ -407,6 +407,8 @@ def _blame_roots(out: NodesOutcome, named: list[str], host_nodes: dict[str, list
     When a node was lost, the ranks the survivors blamed most likely failed because of it (a
     peer's connection reset, a collective that never completes), so only the lost node counts.
     """
+    # A launcher that names a lost node as the root (rule 5 of launcher/decision/culprit.py) agrees.
+    named = [host for host in named if host not in lost]
     if not named:
         return
     if lost:

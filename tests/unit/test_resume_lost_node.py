@@ -68,3 +68,16 @@ def test_a_lost_node_whose_task_reported_later_is_its_root_not_a_bad_node():
 def test_a_clean_attempt_without_a_lost_node_is_one_row():
     out = policy.nodes_outcome([_report("node1"), _report("node2")], ["node1", "node2"], 0)
     assert [(e.node, e.kind) for e in cli.attempt_events(1, False, False, out)] == [("-", repeats.CLEAN)]
+
+
+def test_launchers_that_name_the_lost_node_as_root_agree_with_the_loop():
+    # --nnodes 3: the attempt failed; node1 and node2 name node3 (lost) as the root, its task never reported
+    reports = [NodeReport("node1", 1, roots=("node3",), host="node1", lost=("node3",)),
+               NodeReport("node2", 1, roots=("node3",), host="node2", lost=("node3",)), None]
+    out = policy.nodes_outcome(reports, ["node1", "node2", "node3"], 1)
+    assert out.bad_nodes == ["node3"] and out.roots == [] and out.lost == ["node3"]
+    assert not any(note.startswith("not blaming") for note in out.notes), out.notes
+    # a survivor still naming its own rank (an older launcher) is not blamed when a node was lost
+    reports[0] = NodeReport("node1", 1, roots=("node1",), host="node1")
+    out = policy.nodes_outcome(reports, ["node1", "node2", "node3"], 1)
+    assert out.roots == [] and "not blaming node1" in " ".join(out.notes)
