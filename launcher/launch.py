@@ -474,7 +474,8 @@ class LauncherRun:
             roots = self._events.last_cycle_root_nodes() if failed else []
             last = self._agent.last_fingerprint if self._agent is not None else None
             write_result(self._result_file, result.exit_code, result.outcome, roots,
-                         (last.digest, last.describe()) if last is not None else None)
+                         (last.digest, last.describe()) if last is not None else None,
+                         lost_nodes=self._events.lost_root_nodes())
         if summary:
             self._events.summary()
         self._sentinel.finish()

@@ -585,6 +585,21 @@ def last_cycle_root_nodes(history: Iterable[EventRecord]) -> list[str]:
     return nodes
 
 
+def lost_root_nodes(history: Iterable[EventRecord]) -> list[str]:
+    """The nodes one launcher's records name as a lost root (``root_outcome`` ``lost``: a node
+    that sent no report of a failure) in any cycle of its run, recovered from or not: an elastic
+    job that finishes without a node must still say which node it lost.
+
+    Returns:
+        Host names in the order first named.
+    """
+    nodes: list[str] = []
+    for record in history:
+        if isinstance(record, Failure) and record.root_outcome == "lost" and record.root_node \
+                and record.root_node not in nodes:
+            nodes.append(record.root_node)
+    return nodes
+
 
 def read_events(paths: str | os.PathLike | Iterable[str | os.PathLike],
                 skipped: collections.Counter | None = None) -> Iterator[EventRecord]:
