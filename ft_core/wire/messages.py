@@ -236,6 +236,36 @@ class StacksCaptured(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class StateSaved(Message):
+    """``state_saved``: the answer to ``save_state`` (the rank's, relayed by its monitor).
+
+    Attributes:
+        ok: A consistent state was saved.
+        step: Its completed step (-1 if unknown).
+        path: The payload (node-local state directory).
+        bytes: The payload's size.
+        seconds: How long the save took.
+        reason: Why nothing was saved.
+        source: ``exception`` or ``blocked``.
+        rank, local_rank: The rank that answered (None if no rank could be asked).
+        approx_bytes: The size the rank announced for its state (0 if unknown).
+    """
+
+    TYPE: ClassVar[str] = protocol.MSG_STATE_SAVED
+
+    ok: bool = False
+    step: int = -1
+    path: str = ""
+    bytes: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    source: str = ""
+    rank: int | None = None
+    local_rank: int | None = None
+    approx_bytes: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class Ok(Message):
     """``ok``: a request was accepted."""
 
@@ -312,16 +342,34 @@ class CaptureStacks(Message):
     reason: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SaveState(Message):
+    """``save_state``: save the rank's just-in-time state now (answer: :class:`StateSaved`).
+
+    Attributes:
+        cycle: The launcher cycle that failed.
+        reason: Why (for the rank's log).
+        timeout: Seconds the asker waits for the answer.
+    """
+
+    TYPE: ClassVar[str] = protocol.MSG_SAVE_STATE
+
+    cycle: int | None = None
+    reason: str = ""
+    timeout: float = 10.0
+
+
 MESSAGES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (
         RankHang, RankConnected, RankEscalatedMessage, RankFinished, Pong, ProgressReport, StacksCaptured, Ok, Error,
-        MonitorLost,
-        LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks,
+        MonitorLost, StateSaved,
+        LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks, SaveState,
     )
 }
 """Every message between a monitor and its launcher, by ``type``."""
 
-REPLIES: dict[type[Message], type[Message]] = {Ping: Pong, ProgressQuery: ProgressReport, CaptureStacks: StacksCaptured}
+REPLIES: dict[type[Message], type[Message]] = {Ping: Pong, ProgressQuery: ProgressReport, CaptureStacks: StacksCaptured,
+                                                    SaveState: StateSaved}
 """The answer a monitor gives to each question of the launcher."""
 
 
