@@ -51,26 +51,19 @@ def sharding_reason(strategy: Any, optimizers: Iterable[Any] = ()) -> Optional[s
         strategy: The Trainer's strategy.
         optimizers: The Trainer's optimizers (known after the strategy's setup).
     """
-    from lightning.pytorch.strategies import (
-        DDPStrategy,
-        DeepSpeedStrategy,
-        FSDPStrategy,
-        ModelParallelStrategy,
-        SingleDeviceStrategy,
-        SingleDeviceXLAStrategy,
-        XLAStrategy,
-    )
+    from lightning.pytorch import strategies
 
     name = type(strategy).__name__
-    sharded = ((FSDPStrategy, "shards parameters, gradients and optimizer state across ranks"),
-               (DeepSpeedStrategy, "shards optimizer state (and with ZeRO-3 parameters) across ranks"),
-               (ModelParallelStrategy, "splits the model across ranks (tensor parallel, FSDP2)"),
-               (XLAStrategy, "is an XLA strategy (not supported)"),
-               (SingleDeviceXLAStrategy, "is an XLA strategy (not supported)"))
-    for cls, why in sharded:
-        if isinstance(strategy, cls):
+    sharded = (("FSDPStrategy", "shards parameters, gradients and optimizer state across ranks"),
+               ("DeepSpeedStrategy", "shards optimizer state (and with ZeRO-3 parameters) across ranks"),
+               ("ModelParallelStrategy", "splits the model across ranks (tensor parallel, FSDP2)"),
+               ("XLAStrategy", "is an XLA strategy (not supported)"),
+               ("SingleDeviceXLAStrategy", "is an XLA strategy (not supported)"))
+    for class_name, why in sharded:
+        cls = getattr(strategies, class_name, None)  # ModelParallelStrategy is new in Lightning 2.4
+        if cls is not None and isinstance(strategy, cls):
             return f"the {name} strategy {why}"
-    if not isinstance(strategy, (DDPStrategy, SingleDeviceStrategy)):
+    if not isinstance(strategy, (strategies.DDPStrategy, strategies.SingleDeviceStrategy)):
         return f"the {name} strategy is not a data-parallel one (DDP or a single device)"
     for optimizer in optimizers:
         if callable(getattr(optimizer, "consolidate_state_dict", None)):
@@ -155,9 +148,8 @@ class LightningProvider:
     def _step_starts(self, optimizer: Any, args: tuple, kwargs: dict) -> Optional[tuple[tuple, dict]]:
         """Optimizer step pre-hook: the update starts once the closure returned (or now, without one)."""
         self._stepped = True
-        closure = kwargs.get("closure")
-        if closure is None and args:
-            closure = args[0]
+        # args[0] is the optimizer itself; the closure is passed by keyword (Lightning) or after it.
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if closure is None:
             self._updating = True
             return None
@@ -169,7 +161,7 @@ class LightningProvider:
 
         if "closure" in kwargs:
             return args, {**kwargs, "closure": closure_then_update}
-        return (closure_then_update, *args[1:]), kwargs
+        return (args[0], closure_then_update, *args[2:]), kwargs
 
     def batch_ended(self) -> None:
         """``on_train_batch_end``: the step (if any) is counted; gradients accumulate if there was none."""
