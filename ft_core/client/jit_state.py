@@ -32,7 +32,7 @@ import shutil
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any, Optional, Protocol, runtime_checkable
 
@@ -221,7 +221,7 @@ class JitState:
             saved_state.ensure_dir(self.state_dir)
             if not saved_state.claim(self.state_dir, step):
                 return SaveResult(ok=False, step=step, source=source,
-                                  reason=f"another rank of this node saves step {step}")
+                                  reason=f"{saved_state.CLAIMED_BY_ANOTHER} {step}")
             try:
                 captured = provider.capture()
                 if provider.completed_step() != step or provider.in_update():
@@ -234,7 +234,7 @@ class JitState:
                 saved_state.release(self.state_dir, step)
                 raise
             del captured
-            self._copy_to_shared(state)
+            state = self._copy_to_shared(state)
             saved_state.prune(self.state_dir)
             result = SaveResult(ok=True, step=step, path=state.payload_path, bytes=state.bytes,
                                 seconds=round(time.monotonic() - started, 4), source=source)
@@ -243,17 +243,23 @@ class JitState:
                         state.bytes / 1e6, result.seconds, source, state.payload_path)
             return result
 
-    def _copy_to_shared(self, state: saved_state.SavedState) -> None:
-        """Copy a saved state to the user's checkpoint directory (for a requeued job)."""
+    def _copy_to_shared(self, state: saved_state.SavedState) -> saved_state.SavedState:
+        """Copy a saved state to the user's checkpoint directory (for other nodes and a requeued
+        job); the local manifest then names the copy."""
         if not self._shared_dir:
-            return
+            return state
         try:
-            saved_state.write(self._shared_dir, state.step, lambda path: shutil.copyfile(state.payload_path, path),
-                              kind=state.kind, source=state.source, rank=state.rank, local_rank=state.local_rank,
-                              cycle=state.cycle, world_size=state.world_size, durable=True)
+            shared = saved_state.write(self._shared_dir, state.step,
+                                       lambda path: shutil.copyfile(state.payload_path, path),
+                                       kind=state.kind, source=state.source, rank=state.rank,
+                                       local_rank=state.local_rank, cycle=state.cycle, world_size=state.world_size,
+                                       durable=True)
             saved_state.prune(self._shared_dir)
+            state = replace(state, shared_path=shared.payload_path)
+            saved_state.rewrite_manifest(state)
         except OSError as err:
             logger.warning("just-in-time state: could not copy step %s to %s: %s", state.step, self._shared_dir, err)
+        return state
 
     # ------------------------------------------------------------------ the state thread
 

@@ -126,6 +126,8 @@ class RankHang(Message):
         heartbeats: Heartbeats so far.
         progress: The rank's last progress.
         stacks: Its stacks, taken before the signal (flattened into the message).
+        save_timeout: The monitor asks the rank to save its just-in-time state before the signal,
+            waiting this long at most (None: it does not).
     """
 
     TYPE: ClassVar[str] = protocol.MSG_RANK_HANG
@@ -146,6 +148,7 @@ class RankHang(Message):
     heartbeats: int | None = None
     progress: Progress | None = None
     stacks: StackSummary | None = field(default=None, metadata=meta(flatten=True))
+    save_timeout: float | None = field(default=None, metadata=meta(omit_none=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,6 +214,7 @@ class ProgressReport(Message):
         connected: Whether that rank is still attached.
         progress: Its last progress.
         disconnected_at: For a detached rank, when the monitor saw it go (epoch seconds).
+        state_bytes: The size of its just-in-time state, when it opened a state channel.
     """
 
     TYPE: ClassVar[str] = protocol.MSG_PROGRESS_REPORT
@@ -221,6 +225,7 @@ class ProgressReport(Message):
     connected: bool = False
     progress: Progress | None = None
     disconnected_at: float | None = field(default=None, metadata=meta(omit_none=True))
+    state_bytes: int | None = field(default=None, metadata=meta(omit_none=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +254,7 @@ class StateSaved(Message):
         source: ``exception`` or ``blocked``.
         rank, local_rank: The rank that answered (None if no rank could be asked).
         approx_bytes: The size the rank announced for its state (0 if unknown).
+        cycle: The cycle of the request answered.
     """
 
     TYPE: ClassVar[str] = protocol.MSG_STATE_SAVED
@@ -263,6 +269,7 @@ class StateSaved(Message):
     rank: int | None = None
     local_rank: int | None = None
     approx_bytes: int = 0
+    cycle: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

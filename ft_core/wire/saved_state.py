@@ -39,6 +39,9 @@ SOURCES = ("exception", "blocked")
 JIT_SUBDIR = "ft_jit_state"
 """Name of the state directory under a user's checkpoint directory (the copy a requeued job reads)."""
 
+CLAIMED_BY_ANOTHER = "another rank of this node saves step"
+"""How a rank that lost the claim declines (the launcher then waits for the winner's manifest)."""
+
 _NAME = re.compile(r"state-(\d{10})\.json")
 _CHUNK = 4 << 20
 
@@ -74,6 +77,7 @@ class SavedState:
         cycle: The launcher cycle in which it was saved (-1 outside ft_launcher).
         saved_at: When the manifest was written (epoch seconds).
         seconds: How long the save took (copy + write + checksum).
+        shared_path: The payload of this state's copy in the user's checkpoint directory ("" if none).
     """
 
     step: int
@@ -89,6 +93,7 @@ class SavedState:
     saved_at: float = 0.0
     seconds: float = 0.0
     world_size: int = -1
+    shared_path: str = ""
 
     @property
     def manifest_path(self) -> str:
@@ -197,6 +202,11 @@ def _checksum(path: str, durable: bool) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
+def rewrite_manifest(state: SavedState) -> None:
+    """Write ``state``'s manifest again (atomically), e.g. with its shared copy's path added."""
+    atomic_write_text(state.manifest_path, json.dumps(state.manifest(), sort_keys=True) + "\n", mode=0o600)
+
+
 def read_manifest(path: str) -> SavedState | None:
     """The state a manifest file describes, or None if it is unreadable, malformed or of
     another format version (a manifest is written atomically, so a bad one is foreign or old)."""
@@ -213,6 +223,8 @@ def read_manifest(path: str) -> SavedState | None:
         if not isinstance(fields.get("sha256"), str) or not isinstance(fields.get("bytes"), int):
             return None
         if fields.get("kind") not in KINDS or fields.get("source") not in SOURCES:
+            return None
+        if not isinstance(fields.get("shared_path", ""), str):
             return None
         payload = os.path.join(os.path.dirname(path), payload_name(step))
         return SavedState(payload_path=payload, **fields)
@@ -286,3 +298,16 @@ def prune(directory: str, keep: int = 2) -> list[str]:
             os.unlink(path)
             removed.append(path)
     return removed
+
+
+BASE_TIMEOUT = 10.0
+"""Seconds a save may take before the survivors are stopped anyway, plus 1 s per
+:data:`BYTES_PER_SECOND` bytes of state (``jit_state_timeout`` null)."""
+BYTES_PER_SECOND = 100_000_000
+
+
+def save_timeout(configured: float | None, approx_bytes: int) -> float:
+    """The bound of a save: ``jit_state_timeout`` when set, else sized from the state's bytes."""
+    if configured is not None:
+        return float(configured)
+    return BASE_TIMEOUT + max(0, approx_bytes) / BYTES_PER_SECOND
