@@ -31,6 +31,7 @@ provider refuses (one log line from :class:`~ft_core.client.jit_state.JitState`)
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
@@ -136,6 +137,9 @@ class LightningProvider:
         self._accumulating = False  # a batch ended without an optimizer step (gradients accumulate)
         self._handles = [opt.register_step_pre_hook(self._step_starts) for opt in trainer.optimizers]
         self._refusal = sharding_reason(trainer.strategy, trainer.optimizers)
+        # Resumable data loaders: where they stood at the last batch end (see capture()).
+        self._stateful_loaders = bool(self._loader_states())
+        self._loader_snapshot: Optional[tuple[tuple[int, int], list[Any]]] = None
 
     def close(self) -> None:
         """Remove the hooks from the optimizers."""
@@ -168,6 +172,17 @@ class LightningProvider:
         self._accumulating = not self._stepped
         self._stepped = False
         self._updating = False
+        if self._stateful_loaders:
+            self._loader_snapshot = (self._position(), copy.deepcopy(self._loader_states()))
+
+    def _loader_states(self) -> list[Any]:
+        """The state dicts of the resumable training data loaders (Lightning's own selection)."""
+        combined = self._trainer.fit_loop._combined_loader
+        return combined._state_dicts() if combined is not None else []
+
+    def _position(self) -> tuple[int, int]:
+        """(epoch, batches processed in it)."""
+        return int(self._trainer.current_epoch), int(self._trainer.fit_loop.epoch_loop.batch_progress.current.processed)
 
     # ------------------------------------------------------------------ StateProvider
 
@@ -192,7 +207,36 @@ class LightningProvider:
         in the state thread while the main thread is blocked in a collective.
         """
         checkpoint = self._trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        if self._stateful_loaders:
+            self._rewind_loaders(checkpoint)
         return cpu_copy(checkpoint)
+
+    def _rewind_loaders(self, checkpoint: dict[str, Any]) -> None:
+        """Give resumable data loaders the position of the last batch end when a batch is in flight.
+
+        A batch in flight (fetched, its update not done: the main thread blocked in its backward
+        or failed in it) is redone on resume, since the loops count it as not processed; but a
+        resumable loader's own state already counts it as yielded, so without this the resumed
+        run would skip it. Lightning's own checkpoints are taken at batch ends, where the two
+        agree. The first batch of an epoch rewinds to a fresh pass over the data.
+
+        Raises:
+            RuntimeError: No position of the last batch end is known (e.g. the loaders were
+                reloaded since): the copy is declined rather than skip data.
+        """
+        progress = self._trainer.fit_loop.epoch_loop.batch_progress.current
+        if progress.ready <= progress.processed:
+            return  # no batch in flight: the loaders' state is that of the last batch end
+        position = self._position()
+        loop_state = checkpoint["loops"]["fit_loop"]["state_dict"]
+        if position[1] == 0:
+            loop_state.pop("combined_loader", None)  # the epoch's first batch: a fresh pass
+            return
+        snapshot = self._loader_snapshot
+        if snapshot is None or snapshot[0] != position:
+            raise RuntimeError(f"no data loader position is known for the batch in flight (epoch {position[0]}, "
+                               f"batch {position[1]}); not saving a state that would skip it")
+        loop_state["combined_loader"] = copy.deepcopy(snapshot[1])
 
     def approx_bytes(self) -> int:
         """Bytes of the model's state and the optimizers' state (estimated before the first step)."""

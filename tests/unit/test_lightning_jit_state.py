@@ -291,3 +291,96 @@ def test_a_broken_state_falls_back_to_the_users_checkpoint_with_one_line(tmp_pat
                 "no_manifest": "has no valid manifest"}[damage]
     assert any(expected in line for line in lines), lines
     assert any("resum" in line and "old.ckpt" in line for line in lines), lines
+
+
+# ---------------------------------------------------------------------- resumable data loaders
+
+
+class ResumableLoader:
+    """12 samples (sample i is a (1, 4) tensor of i), one a batch; its state: how many it yielded."""
+
+    def __init__(self) -> None:
+        self.start = self.yielded = 0
+
+    def __len__(self) -> int:
+        return 12
+
+    def __iter__(self):
+        self.yielded, self.start = self.start, 0
+        while self.yielded < 12:
+            self.yielded += 1
+            yield torch.full((1, 4), float(self.yielded - 1))
+
+    def state_dict(self) -> dict:
+        return {"yielded": self.yielded}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start = state["yielded"]
+
+
+class SeenModel(Model):
+    """Records (epoch, batch_idx, sample, global_step) of every training batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loader = ResumableLoader()
+        self.seen: list[tuple[int, int, int, int]] = []
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.seen.append((self.trainer.current_epoch, batch_idx, int(batch[0, 0]), self.trainer.global_step))
+        return super().training_step(batch, batch_idx)
+
+    def train_dataloader(self):
+        return self.loader
+
+
+@pytest.mark.parametrize("step", [5, 12])
+def test_a_resumable_loader_replays_the_batch_in_flight_like_lightnings_own_resume(tmp_path, step):
+    """A copy taken inside batch ``step`` (5: mid-epoch; 12: the first batch of epoch 1) redoes the
+    batch in flight and then goes on as the run would have: the same as Lightning's own checkpoint
+    of the batch end before it (mid-epoch), a fresh pass over the data (first batch of an epoch)."""
+    track, model = Track(), SeenModel()
+    paths = {"jit": tmp_path / "jit.ckpt", "lightning": tmp_path / "lightning.ckpt"}
+
+    class SaveBatchEnd(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == step:
+                trainer.save_checkpoint(paths["lightning"])
+
+    def capture(at: int) -> None:
+        if at == step:
+            torch.save(track.provider.capture(), paths["jit"])
+
+    model.in_step = capture
+    trainer_for(tmp_path, [track, SaveBatchEnd()], max_steps=-1, max_epochs=2).fit(model)
+    resumed = {}
+    for name, path in paths.items():
+        again = SeenModel()
+        trainer_for(tmp_path, [], max_steps=-1, max_epochs=2).fit(again, ckpt_path=path)
+        resumed[name] = again.seen
+    if step == 5:  # Lightning's own checkpoint at the end of batch 4 resumes the same way
+        assert resumed["jit"] == resumed["lightning"]
+    assert resumed["jit"][0] == ((0, 5, 5, 5) if step == 5 else (1, 0, 0, 12))
+    assert [sample for _, _, sample, _ in resumed["jit"]] == list(range(step % 12, 12)) + list(range(12 * (step < 12)))
+
+
+@pytest.mark.parametrize("call", ["keyword", "positional", "none"])
+def test_the_update_starts_when_the_closure_returns_however_step_is_called(tmp_path, call):
+    track, model = Track(), Model()
+    trainer_for(tmp_path, [track], max_steps=1).fit(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    provider = LightningProvider.__new__(LightningProvider)
+    provider._updating = provider._stepped = provider._accumulating = False
+    handle = optimizer.register_step_pre_hook(provider._step_starts)
+    during: list[bool] = []
+
+    def closure():
+        during.append(provider.in_update())
+        loss = model.layer(torch.ones(1, 4)).sum()
+        loss.backward()
+        return loss
+
+    {"keyword": lambda: optimizer.step(closure=closure), "positional": lambda: optimizer.step(closure),
+     "none": lambda: (closure(), optimizer.step())}[call]()
+    handle.remove()
+    assert during == [False] and provider.in_update() and provider._stepped

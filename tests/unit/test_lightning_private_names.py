@@ -27,6 +27,10 @@ LIGHTNING_PRIVATE_NAMES = {
                             "copies (_jit_state.LightningProvider.capture); its restore is wrapped (_jit_restore)",
     "_restore_modules_and_callbacks": "the connector's method that starts a run's restore with the checkpoint "
                                       "path: wrapped on the instance to load FT_JIT_RESUME instead",
+    "_combined_loader": "the fit loop's CombinedLoader: its resumable loaders' states at each batch end "
+                        "(_jit_state.LightningProvider._rewind_loaders)",
+    "_state_dicts": "the CombinedLoader's states of its resumable loaders, as the fit loop saves them under "
+                    "loops.fit_loop.state_dict.combined_loader",
 }
 """Every private Lightning name ptl_resiliency touches (an attribute or a name given to getattr/setattr)."""
 NOT_LIGHTNING_PRIVATE_NAMES = {"_fields": "a namedtuple's field names (cpu_copy keeps namedtuples whole)"}
@@ -111,3 +115,14 @@ def test_building_the_checkpoint_dict_runs_no_collective():
         assert not set(called) & set(COLLECTIVES), f"{LIGHTNING}: {function.__qualname__} calls {called}"
     optimizer_state = [name.rsplit(".", 1)[-1] for name in _calls_in(DDPStrategy.optimizer_state)]
     assert not set(optimizer_state) & set(COLLECTIVES) - {"consolidate_state_dict"}, LIGHTNING
+
+
+def test_the_fit_loop_saves_and_loads_the_loaders_states_under_combined_loader():
+    """LightningProvider._rewind_loaders replaces loops.fit_loop.state_dict.combined_loader."""
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+
+    assert "self._combined_loader._state_dicts" in _calls_in(_FitLoop.on_save_checkpoint), LIGHTNING
+    for function in (_FitLoop.on_save_checkpoint, _FitLoop.on_load_checkpoint):
+        assert '"combined_loader"' in inspect.getsource(function), f"{LIGHTNING}: {function.__qualname__}"
+    assert "processed" in vars(type(pl.Trainer(logger=False).fit_loop.epoch_loop.batch_progress.current))[
+        "__dataclass_fields__"], LIGHTNING
