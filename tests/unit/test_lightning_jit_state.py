@@ -384,3 +384,26 @@ def test_the_update_starts_when_the_closure_returns_however_step_is_called(tmp_p
      "none": lambda: (closure(), optimizer.step())}[call]()
     handle.remove()
     assert during == [False] and provider.in_update() and provider._stepped
+
+
+def test_a_sharded_strategy_is_refused_with_one_line_and_nothing_is_saved(tmp_path, caplog):
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from ft_core.client.jit_state import JitState
+
+    provider = LightningProvider.__new__(LightningProvider)  # what __init__ computes for an FSDP Trainer
+    provider._refusal = sharding_reason(object.__new__(FSDPStrategy))
+    provider._updating = provider._accumulating = False
+    provider._trainer = type("T", (), {"global_step": 7})()
+    state = JitState(state_dir=str(tmp_path / "state"), monitor_socket="")
+    with caplog.at_level(logging.INFO):
+        assert state.attach(provider)
+        state.attach(provider)  # a second fit of the same process: no second line
+        result = state.save_now("exception")
+    state.detach()
+    lines = [r.getMessage() for r in caplog.records if "just-in-time state" in r.getMessage()]
+    assert lines == ["just-in-time state is off for this job: the FSDPStrategy strategy shards parameters, "
+                     "gradients and optimizer state across ranks; it needs a replicated job (DDP), so restarts "
+                     "resume from the periodic checkpoints"], lines
+    assert not result.ok and "FSDPStrategy" in result.reason
+    assert not list(tmp_path.rglob("*.pt"))
