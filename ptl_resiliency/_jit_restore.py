@@ -32,7 +32,7 @@ from typing import Any, Optional
 from ft_core.client.collectives import Collectives
 from ft_core.client.ranklog import RankLoggerAdapter
 from ft_core.wire import saved_state
-from ft_core.wire.env import FT_JIT_RESUME_ENV_VAR, FT_JIT_RESUME_STEP_ENV_VAR
+from ft_core.wire.env import FT_JIT_RESUME_ENV_VAR, FT_JIT_RESUME_STEP_ENV_VAR, FT_JIT_STATE_DIR_ENV_VAR
 from ptl_resiliency._jit_state import KIND, sharding_reason
 from ptl_resiliency._lightning import pl
 
@@ -102,12 +102,15 @@ class JitRestore:
         """The state this run resumed from, once restored."""
 
     def install(self, trainer: pl.Trainer, collectives: Collectives) -> bool:
-        """Wrap the connector's restore if ``FT_JIT_RESUME`` is set and not used yet in this process.
+        """Wrap the connector's restore for this process's first ``fit`` when just-in-time state is
+        on (``FT_JIT_STATE_DIR``) or a state is named (``FT_JIT_RESUME``).
+
+        Every rank wraps alike, whether or not its node got a state: the choice runs collectives.
 
         Returns:
             Whether it was wrapped.
         """
-        if _used_in_process or not os.environ.get(FT_JIT_RESUME_ENV_VAR):
+        if _used_in_process or not (os.environ.get(FT_JIT_STATE_DIR_ENV_VAR) or os.environ.get(FT_JIT_RESUME_ENV_VAR)):
             return False
         connector = trainer._checkpoint_connector
         original = getattr(connector, RESTORE_METHOD)
@@ -146,8 +149,8 @@ class JitRestore:
         if collectives.rank() == 0:
             refusal = sharding_reason(trainer.strategy)
             if state is None:
-                self._log.warning("just-in-time state not used: %s; resuming from %s",
-                                  why or f"{FT_JIT_RESUME_ENV_VAR} is not set on rank 0", instead)
+                if why:  # else no state was offered (a first start, nothing saved): nothing to say
+                    self._log.warning("just-in-time state not used: %s; resuming from %s", why, instead)
             elif refusal:
                 self._log.warning("just-in-time state of step %s not used: %s; resuming from %s",
                                   state.step, refusal, instead)
@@ -158,6 +161,8 @@ class JitRestore:
                 decision = str(state.step)
         chosen = collectives.broadcast_text(decision)
         if chosen is None:
+            if state is not None and collectives.rank() != 0:
+                self._log.debug("just-in-time state of step %s not used: rank 0 chose %s", state.step, instead)
             return None
         ok = state is not None and str(state.step) == chosen and saved_state.verify(state)
         if not ok:

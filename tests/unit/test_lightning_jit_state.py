@@ -407,3 +407,19 @@ def test_a_sharded_strategy_is_refused_with_one_line_and_nothing_is_saved(tmp_pa
                      "resume from the periodic checkpoints"], lines
     assert not result.ok and "FSDPStrategy" in result.reason
     assert not list(tmp_path.rglob("*.pt"))
+
+
+def test_with_the_feature_on_but_no_state_every_rank_still_takes_part_and_nothing_is_said(tmp_path, monkeypatch,
+                                                                                          caplog):
+    """A node without a state must run the same collectives as one with a state."""
+    from ft_core.wire.env import FT_JIT_STATE_DIR_ENV_VAR
+
+    monkeypatch.setattr(_jit_restore, "_used_in_process", False)
+    monkeypatch.delenv(FT_JIT_RESUME_ENV_VAR, raising=False)
+    monkeypatch.setenv(FT_JIT_STATE_DIR_ENV_VAR, str(tmp_path / "state"))
+    arm = ArmRestore()
+    with caplog.at_level(logging.DEBUG, logger="test.jit"):
+        trainer_for(tmp_path, [arm], max_steps=1).fit(Model())
+    assert arm.restore._connector is None and arm.steps == [0] and arm.restore.restored is None
+    assert _jit_restore._used_in_process  # it did run the choice (and its broadcast)
+    assert not [r for r in caplog.records if r.name == "test.jit"]
