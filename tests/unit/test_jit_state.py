@@ -3,6 +3,7 @@ without a state directory; a repeated request is answered from memory."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -114,3 +115,51 @@ def test_copy_to_the_checkpoint_dir(tmp_path):
     assert jit.save_now().ok
     shared = saved_state.newest(str(tmp_path / "ckpt" / saved_state.JIT_SUBDIR))
     assert shared is not None and shared.step == 7 and saved_state.verify(shared)
+
+
+def test_step_moving_during_the_write_declines(tmp_path, monkeypatch):
+    provider = Provider()
+    jit = JitState(state_dir=str(tmp_path), monitor_socket="")
+    jit.attach(provider)
+    real_save = torch.save
+
+    def save_then_advance(obj, path):
+        real_save(obj, path)
+        provider.step += 1  # the main thread completed an update meanwhile
+
+    monkeypatch.setattr(torch, "save", save_then_advance)
+    result = jit.save_now("blocked")
+    assert not result.ok and "changed during the save" in result.reason
+    assert saved_state.newest(str(tmp_path)) is None and os.listdir(tmp_path) == []
+
+
+def test_plain_loop_round_trip(tmp_path, monkeypatch):
+    from ft_core.client import jit_state, plain_state
+
+    monkeypatch.setenv("FT_JIT_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", "")
+    monkeypatch.setattr(jit_state, "_default", None)
+    monkeypatch.setattr(plain_state, "_provider", None)
+    monkeypatch.setattr(plain_state, "_restored_step", None)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters())
+    assert plain_state.track_state(model, optimizer, extra=lambda: {"epoch": 3})
+    for _ in range(2):
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+    result = jit_state.save_now("exception")
+    assert result.ok and result.step == 2
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    fresh_optimizer = torch.optim.Adam(fresh.parameters())
+    monkeypatch.setenv("FT_JIT_RESUME", result.path)
+    extras = []
+    assert plain_state.load_jit_state(fresh, fresh_optimizer, newer_than=2) is None  # not newer
+    assert plain_state.load_jit_state(fresh, fresh_optimizer, newer_than=1, load_extra=extras.append) == 2
+    assert extras == [{"epoch": 3}]
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert fresh_optimizer.state_dict()["state"][0]["step"] == 2
+    with open(result.path, "r+b") as stream:  # corrupt: a warning, and None
+        stream.seek(50)
+        stream.write(b"\x00\x01\x02")
+    assert plain_state.load_jit_state(fresh, fresh_optimizer) is None
