@@ -71,8 +71,9 @@ from launcher.node.control_server import ControlServer
 from launcher.node.cycle_workers import CycleWorkers
 from launcher.node.join_check import JoinCheck
 from launcher.node.monitors import MonitorPool
+from launcher.node.survivor_save import state_dir
 from launcher.node.workload_requests import WorkloadRequests
-from launcher.rendezvous import store_counter
+from launcher.rendezvous import state_agreement, store_counter
 from launcher.rendezvous.store_channel import StoreChannel
 from launcher.torch_compat import agent_shutdown_kwargs, torch_shutdown_kwargs
 from launcher.warm.cold import StartCoordinator
@@ -154,6 +155,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._events = events
         self._join_check = JoinCheck(ft_cfg, events)
         self._channel = StoreChannel()
+        self._jit_state_dir = state_dir(monitors.run_dir) if ft_cfg.jit_state else None
+        self._jit_resume: state_agreement.Agreement | None = None
         self._failures = CycleFailures(restart_policy, ft_cfg, self._channel, events, workers)
         self._requests = WorkloadRequests(control, self._channel, events)
         self.ending: Decision | None = None
@@ -260,6 +263,10 @@ class FaultTolerantAgent(LocalElasticAgent):
             # names this node if it later sends no view of a failure (rule 4 of launcher.decision.culprit)
             self._channel.publish_member(worker_group.group_rank, self._events.node)
         store_counter.mark(self.cycle + 1)  # the store operations until this round (FT_STORE_COUNTS)
+        # which just-in-time state this round's workers resume from, the same step on every node
+        self._jit_resume = state_agreement.resume_for_round(self._store, worker_group.group_rank or 0,
+                                                            worker_group.group_world_size or 1,
+                                                            self._jit_state_dir, self.cycle + 1)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.cycle += 1
@@ -313,6 +320,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             env[FT_CYCLE_ENV_VAR] = str(self.cycle)
             env[FT_RANK_CONFIG_ENV_VAR] = rank_config  # to go on unwatched if the monitor is mute
             env.update(self._starts.worker_env())
+            env.update(state_agreement.worker_env(self._jit_state_dir, self._jit_resume))
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         self._cycle_began = time.monotonic()

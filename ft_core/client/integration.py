@@ -76,6 +76,7 @@ from typing import Any, Optional, Union
 from ft_core.client.collectives import Collectives, default_collectives, rank_and_world_size
 from ft_core.client.front_end import require_bool, require_path
 from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
+from ft_core.client.plain_state import load_jit_state, track_state
 from ft_core.client.policy_actions import apply_change, training_step_ended, update_section_timeouts
 from ft_core.client.rank_monitor_client import RankMonitorClient
 from ft_core.client.ranklog import RankLoggerAdapter
@@ -106,7 +107,7 @@ __all__ = [
     "get_integration", "get_rank_monitor_client", "is_initialized", "maybe_setup_simulated_fault",
     "on_checkpoint_loaded", "on_checkpointing_end", "on_checkpointing_start", "on_eval_step_end",
     "on_eval_step_start", "on_training_step_end", "on_training_step_start", "setup", "should_stop", "shutdown",
-    "straggler_detection",
+    "straggler_detection", "track_state", "load_jit_state",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]

@@ -41,6 +41,7 @@ from ft_core.wire.config_values import (
     ConfigError,
     dump_log_level,
     number_bounds,
+    parse_bool,
     parse_choice,
     parse_command,
     parse_count,
@@ -350,6 +351,21 @@ class FaultToleranceConfig:
         frozenset({Role.MONITOR, Role.LAUNCHER}),
         metavar="SECONDS",
     ))
+    jit_state: bool = _declare(True, FieldSpec(
+        "Just-in-time state (docs/jit-state.md): when a rank fails, one surviving rank per node saves "
+        "the full training state of its last completed step before the survivors are stopped, and the "
+        "restarted workers resume from it instead of the last periodic checkpoint. Needs a replicated "
+        "job (DDP); costs nothing until a failure. false turns it off.",
+        parse_bool,
+        "true or false",
+        frozenset({Role.LAUNCHER}),
+        metavar="BOOL",
+    ))
+    jit_state_timeout: Optional[float] = _seconds_field(
+        None, "Longest wait for a just-in-time save after a failure before the survivors are stopped "
+        "anyway (the periodic checkpoint is used then). null: 10 s plus 1 s per 100 MB of the state.",
+        {Role.MONITOR, Role.LAUNCHER}, maximum=3600.0,
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):

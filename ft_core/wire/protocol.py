@@ -49,6 +49,8 @@ MSG_INIT = "init"
 MSG_SET_HB_TIMEOUTS = "set_hb_timeouts"
 MSG_SET_SECTION_TIMEOUTS = "set_section_timeouts"
 MSG_SHUTDOWN = "shutdown"
+MSG_STATE_CHANNEL = "state_channel"  # first message of a rank's second connection (just-in-time state)
+MSG_STATE_SAVED = "state_saved"  # rank -> monitor on the state channel; monitor -> launcher
 # Monitor -> rank, launcher control socket -> rank (replies):
 MSG_INIT_OK = "init_ok"
 MSG_OK = "ok"
@@ -60,6 +62,7 @@ MSG_LAUNCHER_BYE = "launcher_bye"
 MSG_PING = "ping"
 MSG_PROGRESS_QUERY = "progress_query"
 MSG_CAPTURE_STACKS = "capture_stacks"
+MSG_SAVE_STATE = "save_state"  # also monitor -> rank on the state channel
 # Monitor -> launcher:
 MSG_RANK_HANG = "rank_hang"
 MSG_RANK_CONNECTED = "rank_connected"

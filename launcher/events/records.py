@@ -467,6 +467,34 @@ class LeftoversKilled(EventRecord):
 
 
 @dataclass(kw_only=True)
+class JitStateSaved(EventRecord):
+    """``state_saved``: after a failure, a surviving rank of this node saved its just-in-time state
+    before the survivors were stopped ([jit-state.md](jit-state.md))."""
+
+    EVENT: ClassVar[str] = "state_saved"
+
+    cycle: int | None = _f(doc="the cycle that failed")
+    rank: int | None = _f()
+    local_rank: int | None = _f()
+    step: int | None = _f(doc="the completed step the state holds")
+    bytes: int | None = _f()
+    seconds: float | None = _f(doc="the rank's copy, write and checksum")
+    source: str | None = _f(doc="`exception` (its collective failed) or `blocked` (copied while blocked)")
+    path: str | None = _f(doc="the payload, node-local")
+
+
+@dataclass(kw_only=True)
+class JitStateNotSaved(EventRecord):
+    """``state_not_saved``: after a failure, no rank of this node saved its just-in-time state; the
+    restart uses the periodic checkpoint unless another node's state is readable here."""
+
+    EVENT: ClassVar[str] = "state_not_saved"
+
+    cycle: int | None = _f(doc="the cycle that failed")
+    reason: str = _f("", "e.g. `no rank answered within 12.0 s`, a sharded strategy")
+
+
+@dataclass(kw_only=True)
 class StoreLost(EventRecord):
     """``store_lost``: the rendezvous store is gone; a ``result`` (``rendezvous store lost``,
     exit code 1) follows."""
@@ -514,7 +542,7 @@ KINDS: dict[str, type[EventRecord]] = {
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
         WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest, Straggler,
         MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart,
-        MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
+        MinHealthyRestart, LeftoversKilled, JitStateSaved, JitStateNotSaved, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""

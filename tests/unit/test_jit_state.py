@@ -1,0 +1,116 @@
+"""JitState (ft_core/client/jit_state.py): a save is accepted only when consistent; it is off
+without a state directory; a repeated request is answered from memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ft_core.client.jit_state import JitState, StateProvider
+from ft_core.wire import saved_state
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _keep_excepthook(monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # attach() chains its hook
+
+
+class Provider:
+    kind = "plain"
+
+    def __init__(self) -> None:
+        self.step = 7
+        self.updating = False
+        self.during_capture = lambda: None
+        self.sharded = ""
+
+    def completed_step(self) -> int:
+        return self.step
+
+    def in_update(self) -> bool:
+        return self.updating
+
+    def replicated(self) -> tuple[bool, str]:
+        return (not self.sharded, self.sharded)
+
+    def capture(self) -> Any:
+        self.during_capture()
+        return {"w": torch.arange(4.0), "step": self.step}
+
+    def approx_bytes(self) -> int:
+        return 16
+
+
+def test_provider_satisfies_the_protocol():
+    assert isinstance(Provider(), StateProvider)
+
+
+def test_consistent_save_is_written_and_loadable(tmp_path):
+    jit = JitState(state_dir=str(tmp_path), monitor_socket="")
+    assert jit.attach(Provider())
+    result = jit.save_now("exception")
+    assert result.ok and result.step == 7 and result.source == "exception"
+    state = saved_state.newest(str(tmp_path))
+    assert state is not None and state.payload_path == result.path and saved_state.verify(state)
+    assert torch.load(result.path)["step"] == 7
+    assert jit.save_now("blocked") == result  # from memory, not a second write
+
+
+def test_inside_update_declines(tmp_path):
+    provider = Provider()
+    provider.updating = True
+    jit = JitState(state_dir=str(tmp_path), monitor_socket="")
+    jit.attach(provider)
+    result = jit.save_now("blocked")
+    assert not result.ok and "optimizer update" in result.reason
+    assert saved_state.newest(str(tmp_path)) is None
+
+
+def test_step_moving_during_copy_declines_and_releases_the_claim(tmp_path):
+    provider = Provider()
+
+    def advance() -> None:
+        provider.step += 1
+
+    provider.during_capture = advance
+    jit = JitState(state_dir=str(tmp_path), monitor_socket="")
+    jit.attach(provider)
+    result = jit.save_now("blocked")
+    assert not result.ok and "changed during the copy" in result.reason
+    assert saved_state.newest(str(tmp_path)) is None
+    assert saved_state.claim(str(tmp_path), 7)
+
+
+def test_sharded_declines(tmp_path):
+    provider = Provider()
+    provider.sharded = "FSDP shards the state"
+    jit = JitState(state_dir=str(tmp_path), monitor_socket="")
+    jit.attach(provider)
+    assert jit.save_now().reason == "FSDP shards the state"
+
+
+def test_off_without_a_state_dir(monkeypatch):
+    monkeypatch.delenv("FT_JIT_STATE_DIR", raising=False)
+    jit = JitState(monitor_socket="")
+    assert not jit.attach(Provider())
+    assert not jit.save_now().ok
+
+
+def test_claimed_step_declines(tmp_path):
+    saved_state.claim(str(tmp_path), 7)
+    jit = JitState(state_dir=str(tmp_path), monitor_socket="")
+    jit.attach(Provider())
+    assert "another rank" in jit.save_now().reason
+
+
+def test_copy_to_the_checkpoint_dir(tmp_path):
+    jit = JitState(state_dir=str(tmp_path / "local"), monitor_socket="")
+    jit.attach(Provider(), checkpoint_dir=str(tmp_path / "ckpt"))
+    assert jit.save_now().ok
+    shared = saved_state.newest(str(tmp_path / "ckpt" / saved_state.JIT_SUBDIR))
+    assert shared is not None and shared.step == 7 and saved_state.verify(shared)
