@@ -99,6 +99,8 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("docs/launcher.md", "rank 1 froze (its process was stopped)"): "output: failure lines of one run",
     ("docs/launcher.md", "[ft_launcher] summary: 3 cycles"): "output: summary lines of two runs",
     ("docs/launcher.md", "wall time 17.1 s"): "output: ft_report's figures for one run",
+    ("docs/launcher.md", "[n1] cycle 1: rank 0 saved its just-in-time state"):
+        "output: ft_report's timeline lines of what failures cost (example values)",
     ("docs/stragglers.md", "GPU relative performance:"): "output: a 32-GPU run's log excerpt",
 }
 
