@@ -31,6 +31,7 @@ from launcher.events.runs import Cycle, LauncherRecords, RunReport, failed_at, f
 
 SOURCE_WORDS = {"jit": "just-in-time state", "checkpoint": "periodic checkpoint", "scratch": "from scratch"}
 """How ``ft_report`` names each ``resumed`` source."""
+_FROM_WORDS = {"jit": "from just-in-time state", "checkpoint": "from a periodic checkpoint", "scratch": "from scratch"}
 
 
 @dataclass
@@ -212,8 +213,8 @@ def cost_lines(values: dict[str, Any]) -> list[str]:
     by_source: dict[str, int] = {}
     for cost in costs:
         if cost["steps_redone"] is not None:
-            name = SOURCE_WORDS.get(cost["source"] or "", cost["source"] or "unknown")
+            name = _FROM_WORDS.get(cost["source"] or "", f"from {cost['source'] or 'an unknown source'}")
             by_source[name] = by_source.get(name, 0) + 1
-    sources = ", ".join(f"{n} from {name}" for name, n in sorted(by_source.items()))
+    sources = ", ".join(f"{n} {name}" for name, n in sorted(by_source.items()))
     return [f"work redone: {values['redone_steps']} step(s) over {values['redone_known']} of {len(costs)} "
             f"failure(s) ({sources}){seconds}{net}"]

@@ -129,7 +129,7 @@ def test_ft_report_tells_the_story_root_cause_first(job):
     # what each failure cost: the ranks' steps against where the restart resumed (report_resumed)
     assert "cost of the cycle 0 failure: failed in step 19, resumed from step 15 (periodic checkpoint" in out.stdout
     assert "cost of the cycle 1 failure: failed in step 34, resumed from step 30 (just-in-time state" in out.stdout
-    assert "work redone: 8 step(s) over 2 of 2 failure(s) (1 from just-in-time state, 1 from periodic checkpoint)" \
+    assert "work redone: 8 step(s) over 2 of 2 failure(s) (1 from a periodic checkpoint, 1 from just-in-time state)" \
         in summary
 
 

@@ -80,7 +80,7 @@ def test_the_timeline_and_the_figures_say_it_in_words(tmp_path, capsys):
             "0.41 s): 0 step(s) redone, about 0.00 s") in out
     assert ("cost of the cycle 1 failure: failed in step 200, resumed from step 150 (periodic checkpoint; no "
             "just-in-time state: no rank answered within 12.0 s): 50 step(s) redone, about 5.00 s") in out
-    assert "work redone: 50 step(s) over 2 of 2 failure(s) (1 from just-in-time state, 1 from periodic checkpoint)" \
+    assert "work redone: 50 step(s) over 2 of 2 failure(s) (1 from a periodic checkpoint, 1 from just-in-time state)" \
         ", about 5.0 s at 0.100 s per step (median)" in out
 
 
