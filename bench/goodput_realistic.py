@@ -156,11 +156,14 @@ def one_run(tool: str, args: argparse.Namespace, faults: list[dict[str, Any]], k
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore",
                "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
         env.pop("FAULT_TOL_FINISHED_FLAG_FILE", None)
+        load = [os.getloadavg()[0]]
         code, started, ended, leftovers = run_job(build_command(tool, args, run_dir, faults), env, args.run_timeout,
                                                   base / "job.log")
+        load.append(os.getloadavg()[0])
         progress = read_progress(run_dir / "bench" / "progress.log")
         recorded = [json.loads(p.read_text()) for p in (run_dir / "bench").glob("fault_*.json")]
         result = {"tool": tool, "faults_planned": len(faults), "exit_code": code, "processes_left_behind": leftovers,
+                  "load_average": [round(v, 1) for v in load],
                   "finished_flag": (run_dir / "finished.flag").exists(),
                   **analyse(run_dir, started, ended, args.max_steps)}
         result["fault_costs"] = fault_costs(progress, recorded, _events(run_dir / "ft_events.jsonl"))
@@ -262,6 +265,15 @@ def doc_section(result: dict) -> list[str]:
            "- **goodput** = useful step time / wall time (as in the section above); the ratio compares it with a "
            "fault-free run of the same tool. Medians over the faults.",
            "", result["table"], ""]
+    load = result.get("load_average")
+    out += [f"Other processes loaded the machine (1-minute load average {load[0]:g}–{load[1]:g} on "
+            f"{result.get('cores', '?')} cores, sampled during the runs): the steps of one run were up to twice as "
+            "slow as another's, and a slower step makes the fixed start-up a smaller share of the wall time, so the "
+            "goodput figures compare poorly between runs; the seconds per fault compare better, the steps lost "
+            "per fault do not depend on the load." if load else
+            "Goodput depends on the machine's load (a slower step makes the fixed start-up a smaller share of "
+            "the wall time): the seconds per fault compare better, the steps lost per fault do not depend on it.",
+            ""]
     if result.get("nvrx"):
         out += [f"**{result['nvrx']}**", ""]
     return out
@@ -311,8 +323,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     result = {
         "settings": {k: getattr(args, k) for k in ("max_steps", "checkpoint_every", "step_time", "rows", "faults",
                                                    "seed", "hb_timeout", "runs", "baseline_runs")},
-        "state_mb": round(args.rows * 64 * 4 * 2 / 1e6, 1), "planned_faults": faults,
+        "state_mb": round(args.rows * 64 * 4 * 2 / 1e6, 1), "planned_faults": faults, "cores": os.cpu_count(),
         "nvrx": None if "nvrx" in tools else NVRX_MISSING,
+        "load_average": [min(v for t in tools for r in runs[t] + baselines[t] for v in r["load_average"]),
+                         max(v for t in tools for r in runs[t] + baselines[t] for v in r["load_average"])]
+        if any(runs[t] + baselines[t] for t in tools) else None,
         "figures": figures, "table": table(figures),
         "runs": {t: runs[t] + baselines[t] for t in tools},
     }

@@ -75,6 +75,7 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "bench/monitor_footprint.py"): BENCH,
     ("docs/benchmarks.md", "bench/lightning_overhead.py"): BENCH,
     ("docs/benchmarks.md", "bench/goodput.py"): BENCH,
+    ("docs/benchmarks.md", "bench/goodput_realistic.py"): "benchmark: 3 tools x 2 runs, about 12 minutes here",
     ("docs/benchmarks.md", "bench/soak.py"): "soak test: 11 and 4 minutes",
     ("docs/benchmarks.md", "bench/scale.py"): "scale benchmark: up to 128 simulated nodes",
     ("docs/benchmarks.md", "bench/straggler_overhead.py"): "benchmark: minutes",
