@@ -45,6 +45,8 @@ class FailureCost:
         failed_at: When it was detected (epoch seconds).
         nodes: The nodes whose launchers recorded it.
         failed_step: The largest step any rank was in when it failed (None: no rank reported one).
+        failed_step_at: The last progress of the first rank seen in that step (epoch seconds; a hang's
+            is its timeout before its detection): where the redone stretch ends.
         resumed_step: The step the restart resumed from (the smallest any rank reported).
         resumed_at: When the first rank reported it (epoch seconds).
         source: Where that state came from: ``jit``, ``checkpoint``, ``scratch`` (None: no rank told;
@@ -62,6 +64,7 @@ class FailureCost:
     failed_at: float
     nodes: list[str]
     failed_step: Optional[int] = None
+    failed_step_at: Optional[float] = None
     resumed_step: Optional[int] = None
     resumed_at: Optional[float] = None
     source: Optional[str] = None
@@ -89,6 +92,11 @@ def _of_cycle(run: LauncherRecords, cycle: Cycle, kind: type) -> list[Any]:
 
 def _steps(failures: Iterable[Failure]) -> list[int]:
     return [s for f in failures for s in (f.step, f.root_step) if isinstance(s, int)]
+
+
+def cost_records(failures: Iterable[Failure], step: Optional[int]) -> list[Failure]:
+    """The failure records of ranks in ``step`` whose last progress is known."""
+    return [f for f in failures if step is not None and f.step == step and f.last_progress_at is not None]
 
 
 def cycle_step_seconds(report: RunReport) -> list[float]:
@@ -138,6 +146,9 @@ def failure_costs(report: RunReport) -> list[FailureCost]:
             steps = _steps(cycle.failures)
             if steps:
                 cost.failed_step = max(steps + ([cost.failed_step] if cost.failed_step is not None else []))
+            at = [f.last_progress_at for f in cost_records(cycle.failures, cost.failed_step)]
+            if at:
+                cost.failed_step_at = min(at + ([cost.failed_step_at] if cost.failed_step_at is not None else []))
             for saved in _of_cycle(run, cycle, JitStateSaved):
                 if saved.step is not None and (cost.jit_step is None or saved.step > cost.jit_step):
                     cost.jit_step, cost.jit_seconds = saved.step, saved.seconds

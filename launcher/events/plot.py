@@ -130,8 +130,9 @@ def draw(report: RunReport, values: dict[str, Any], path: str | Path) -> None:
     for cost in values.get("failure_costs", []):
         if cost.get("seconds_redone"):
             for node in dict.fromkeys(cost["nodes"]):
-                redone.setdefault(rows[node], []).append(
-                    (cost["failed_at"] - cost["seconds_redone"] - origin, cost["seconds_redone"]))
+                until = cost.get("failed_step_at") or cost["failed_at"]  # a hang: its last progress, not detection
+                seconds = cost["seconds_redone"]
+                redone.setdefault(rows[node], []).append((until - seconds - origin, seconds))
     for y, spans in redone.items():
         ax.broken_barh(aggregate_spans(spans, resolution), (y - 0.25, 0.5), facecolors="none", edgecolors=_REDONE,
                        hatch="////", linewidth=0.8, snap=False, zorder=2)

@@ -63,6 +63,7 @@ def test_each_failure_costs_the_steps_between_its_step_and_the_resumed_one(tmp_p
     assert (first.cycle, first.failed_step, first.resumed_step, first.source) == (0, 100, 100, "jit")
     assert (first.steps_redone, first.seconds_redone, first.jit_step, first.jit_seconds) == (0, 0.0, 100, 0.41)
     assert (second.cycle, second.kind, second.failed_step, second.resumed_step) == (1, "hang (heartbeat)", 200, 150)
+    assert second.failed_step_at == 24.5  # rank 1's last progress (rank 0's, in the same step, came later)
     assert second.source == "checkpoint" and second.jit_not_saved == "no rank answered within 12.0 s"
     assert second.steps_redone == 50 and second.seconds_redone == pytest.approx(5.0)  # 0.1 s per step
     figures = report.figures(loaded)
