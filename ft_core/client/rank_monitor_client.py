@@ -207,8 +207,8 @@ class RankMonitorClient:
         """Tell the launcher, once after a restore, where this rank's training resumed from.
 
         The launcher records it (a ``resumed`` record) and ``ft_report`` sets it against the step
-        the failure happened at: the steps redone. Called by the restore paths (the plain loop's
-        ``load_jit_state``/``on_checkpoint_loaded``, the Lightning callbacks); before
+        the failure happened at: the steps redone. Called by the training script's restore path
+        (after it restored a just-in-time state, a checkpoint, or nothing); before
         ``init_workload_monitoring`` the report waits and is sent at init. Never raises because the
         monitor is gone (fail-open, as the other calls).
 
