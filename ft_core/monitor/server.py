@@ -473,7 +473,11 @@ class RankMonitorServer:
             self._end_session("rank ended its training" if finished else "rank shut down monitoring")
             return
         try:
-            session.apply_update(message)
+            if message["type"] == protocol.MSG_RESUMED:  # where it resumed from: relayed to the launcher
+                step, source = messages.resumed_fields(message)
+                self._notify_launcher(messages.RankResumed(**session.identity(), step=step, source=source))
+            else:
+                session.apply_update(message)
         except ValueError as err:  # ConfigError from the timeout validator included
             self._io.send(conn, {"type": protocol.MSG_ERROR, "error": str(err)})
             return

@@ -197,6 +197,42 @@ class RankFinished(Message):
     stop_signal: str | None = field(default=None, metadata=meta(omit_none=True))
 
 
+RESUME_SOURCES = ("jit", "checkpoint", "scratch")
+"""Where a restarted rank's state came from: the survivors' just-in-time state, a periodic
+checkpoint, or nothing (training from its start)."""
+_MAX_STEP = 2**63 - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResumed(Message):
+    """``rank_resumed``: the rank restored its training state and continues after ``step`` (the
+    completed step it restored; 0 from scratch), from ``source`` (one of :data:`RESUME_SOURCES`).
+    Relayed from the rank's ``resumed`` message; ``ft_report`` compares it with the failure's step."""
+
+    TYPE: ClassVar[str] = protocol.MSG_RANK_RESUMED
+
+    pid: int
+    rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    local_rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    step: int
+    source: str
+
+
+def resumed_fields(message: Mapping[str, Any]) -> tuple[int, str]:
+    """The ``step`` and ``source`` of a rank's ``resumed`` message.
+
+    Raises:
+        ValueError: ``step`` is not an int from 0 to 2**63-1 or ``source`` not one of
+            :data:`RESUME_SOURCES` (the rank gets the error as its reply).
+    """
+    step, source = message.get("step"), message.get("source")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= _MAX_STEP:
+        raise ValueError(f"'step' must be an int from 0 to 2**63-1, got {step!r:.40}")
+    if source not in RESUME_SOURCES:
+        raise ValueError(f"'source' must be one of {', '.join(RESUME_SOURCES)}, got {source!r:.40}")
+    return step, source
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pong(Message):
     """``pong``: the answer to ``ping``."""
@@ -369,7 +405,7 @@ class SaveState(Message):
 MESSAGES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (
         RankHang, RankConnected, RankEscalatedMessage, RankFinished, Pong, ProgressReport, StacksCaptured, Ok, Error,
-        MonitorLost, StateSaved,
+        MonitorLost, StateSaved, RankResumed,
         LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks, SaveState,
     )
 }

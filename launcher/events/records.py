@@ -526,6 +526,22 @@ class JitStateNotSaved(EventRecord):
 
 
 @dataclass(kw_only=True)
+class Resumed(EventRecord):
+    """``resumed``: a worker restored its training state and told its monitor from which step and
+    source (`ft_core.client.RankMonitorClient.report_resumed`); ``ft_report`` sets it against the
+    failure's step: the steps redone."""
+
+    EVENT: ClassVar[str] = "resumed"
+
+    cycle: int | None = _f(doc="the cycle the worker belongs to")
+    rank: int | None = _f()
+    local_rank: int | None = _f()
+    worker_pid: int | None = _f()
+    step: int | None = _f(doc="the completed step it restored (training continues with the next); 0 from scratch")
+    source: str | None = _f(doc="`jit` (just-in-time state), `checkpoint` (a periodic one) or `scratch`")
+
+
+@dataclass(kw_only=True)
 class StoreLost(EventRecord):
     """``store_lost``: the rendezvous store is gone; a ``result`` (``rendezvous store lost``,
     exit code 1) follows."""
@@ -574,7 +590,7 @@ KINDS: dict[str, type[EventRecord]] = {
         WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest,
         ReplaceRefused, Straggler, MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived,
         SignalForwarded, Restart, RoundFailure, MinHealthyRestart, LeftoversKilled, JitStateSaved, JitStateNotSaved,
-        StoreLost, Result, Summary,
+        Resumed, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""

@@ -32,6 +32,7 @@ from launcher.events.records import (
     MonitorReplaced,
     MonitorUnresponsive,
     RankEscalated,
+    Resumed,
     SignalForwarded,
     WorkersReady,
 )
@@ -241,6 +242,9 @@ class CycleWorkers:
                     self._graceful_stops[local_rank] = self._events.record_event(GracefulStopped(
                         cycle=self.cycle, local_rank=local_rank, rank=event.rank, worker_pid=event.pid,
                         step=event.stop_step, run_steps=event.stop_run_steps, signal=event.stop_signal))
+        elif isinstance(event, messages.RankResumed):
+            self._events.record_event(Resumed(cycle=self.cycle, rank=event.rank, local_rank=local_rank,
+                                              worker_pid=event.pid, step=event.step, source=event.source))
         elif isinstance(event, messages.RankConnected) and local_rank not in self.awaiting_ready:
             self._clean_ends.reconnected(local_rank)  # training again (a second fit)
         elif isinstance(event, messages.RankConnected):

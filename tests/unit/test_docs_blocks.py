@@ -75,6 +75,7 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "bench/monitor_footprint.py"): BENCH,
     ("docs/benchmarks.md", "bench/lightning_overhead.py"): BENCH,
     ("docs/benchmarks.md", "bench/goodput.py"): BENCH,
+    ("docs/benchmarks.md", "bench/goodput_realistic.py"): "benchmark: 3 tools x 2 runs, about 12 minutes here",
     ("docs/benchmarks.md", "bench/soak.py"): "soak test: 11 and 4 minutes",
     ("docs/benchmarks.md", "bench/scale.py"): "scale benchmark: up to 128 simulated nodes",
     ("docs/benchmarks.md", "bench/straggler_overhead.py"): "benchmark: minutes",
@@ -104,6 +105,8 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("docs/launcher.md", "rank 1 froze (its process was stopped)"): "output: failure lines of one run",
     ("docs/launcher.md", "[ft_launcher] summary: 3 cycles"): "output: summary lines of two runs",
     ("docs/launcher.md", "wall time 17.1 s"): "output: ft_report's figures for one run",
+    ("docs/launcher.md", "[n1] cycle 1: rank 0 saved its just-in-time state"):
+        "output: ft_report's timeline lines of what failures cost (example values)",
     ("docs/stragglers.md", "GPU relative performance:"): "output: a 32-GPU run's log excerpt",
     ("docs/stragglers.md", "not replaced: no spare node waits"):
         "output: the launcher's line (tests/integration/test_stragglers.py::test_replace_with_no_spare_... asserts it)",
