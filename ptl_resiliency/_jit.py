@@ -43,6 +43,11 @@ class LightningJit:
         """The attached provider (from ``on_train_start`` to the end of the run), else None."""
         return self._provider
 
+    @property
+    def restored(self) -> Optional[object]:
+        """The just-in-time state this process's run resumed from (its ``SavedState``), else None."""
+        return self._restore.restored
+
     def open(self, trainer: pl.Trainer, collectives: Collectives) -> None:
         """Arm the restore of ``FT_JIT_RESUME`` for this run (before Lightning restores anything)."""
         self._restore.install(trainer, collectives)

@@ -28,6 +28,7 @@ job: the other ranks may not be there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Optional, Union
@@ -179,6 +180,10 @@ class FitSession:
             self.jit.train_started(trainer)
         except Exception:  # a feature that helps after failures must not cause one
             self._log.exception("fault tolerance: just-in-time state is off for this run")
+        # where this run resumed from, for ft_report's steps redone (once per fit; fail-open)
+        source = "jit" if self.jit.restored is not None else "checkpoint" if trainer.ckpt_path else "scratch"
+        with contextlib.suppress(Exception):
+            self._session.client.report_resumed(int(trainer.global_step), source)
 
     def log_metrics(self, save: bool = False) -> None:
         """Log what changed of the cycle and the timeouts in force; never raises."""

@@ -99,13 +99,23 @@ def cost_records(failures: Iterable[Failure], step: Optional[int]) -> list[Failu
     return [f for f in failures if step is not None and f.step == step and f.last_progress_at is not None]
 
 
+def _last_per_rank(records: list[Resumed]) -> list[Resumed]:
+    """Each rank's last report with a step: a script that loads its periodic checkpoint and then a
+    newer just-in-time state reports both; the state it trains from is the last."""
+    last: dict[Any, Resumed] = {}
+    for record in records:
+        if record.step is not None:
+            last[(record.rank, record.worker_pid)] = record
+    return list(last.values())
+
+
 def cycle_step_seconds(report: RunReport) -> list[float]:
     """Seconds per step of every cycle whose start and failure are both known (see the module
     docstring)."""
     found = []
     for cycles in _node_cycles(report).values():
         for position, (run, cycle) in enumerate(cycles):
-            resumed = [r for r in _of_cycle(run, cycle, Resumed) if r.step is not None]
+            resumed = _last_per_rank(_of_cycle(run, cycle, Resumed))
             if resumed:
                 start_step = min(r.step for r in resumed)
                 start_at = min(record_time(r) for r in resumed)
@@ -159,7 +169,7 @@ def failure_costs(report: RunReport) -> list[FailureCost]:
                 resumed_by_incident.setdefault(key, []).extend(_of_cycle(next_run, following, Resumed))
     step_s = statistics.median(cycle_step_seconds(report) or [float("nan")])
     for key, cost in incidents.items():
-        resumed = [r for r in resumed_by_incident.get(key, []) if r.step is not None]
+        resumed = _last_per_rank(resumed_by_incident.get(key, []))
         if resumed:
             earliest = min(resumed, key=lambda r: r.step)
             cost.resumed_step, cost.resumed_at = earliest.step, min(record_time(r) for r in resumed)

@@ -71,6 +71,10 @@ def assert_resumed_from_jit(tmp_path: Path, events: list[dict], source: str | No
         assert started["step"] == 137 and started["source"] == "jit", started
         assert started["hash"] == survivor_hash(tmp_path, 137), "parameters and optimizer state are the survivor's"
         assert lines(tmp_path, rank, 1, "end"), "the restarted run finished"
+    # the ranks told the launcher where they resumed from (ft_report's steps redone)
+    resumed = [(r["rank"], r["step"], r["source"]) for r in events_of(events, "resumed") if r["cycle"] == 1]
+    for rank in (0, 1):  # the periodic checkpoint it loaded first, then the newer just-in-time state
+        assert [r[1:] for r in resumed if r[0] == rank] == [(100, "checkpoint"), (137, "jit")], resumed
 
 
 def assert_resumed_from_checkpoint(tmp_path: Path) -> None:

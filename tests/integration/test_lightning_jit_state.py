@@ -42,6 +42,10 @@ def _check_resumed_at_the_survivors_state(root: Path, events: list[dict], source
     # The periodic checkpoint the user's script passed was there, and older.
     assert (root / "ckpt" / "last.ckpt").exists()
     assert [c["cycle"] for c in events_of(events, "cycle_start")] == [0, 1]
+    # each rank told the launcher where it resumed from (ft_report's steps redone)
+    resumed = sorted((r["cycle"], r["rank"], r["step"], r["source"]) for r in events_of(events, "resumed"))
+    assert resumed == [(0, 0, 0, "scratch"), (0, 1, 0, "scratch"), (1, 0, FAIL_STEP, "jit"),
+                       (1, 1, FAIL_STEP, "jit")], resumed
     assert events_of(events, "result")[0]["outcome"] == "succeeded"
 
 

@@ -141,3 +141,13 @@ def test_the_plot_marks_the_redone_stretch(tmp_path, monkeypatch):
     (redone,) = hatched
     (path,) = redone.get_paths()
     assert sorted({round(float(x), 2) for x, _ in path.vertices}) == [19.5, 24.5]  # 5 s before the hang, since step 150
+
+
+def test_a_rank_that_loads_its_checkpoint_then_a_newer_jit_state_counts_from_the_last(tmp_path):
+    # plain loops report the periodic checkpoint they loaded, then the just-in-time state loaded on top
+    run = [r for r in RUN if not (r["event"] == "resumed" and r["cycle"] == 1)]
+    at = run.index(next(r for r in run if r["event"] == "workers_ready" and r["cycle"] == 1)) + 1
+    run[at:at] = [resumed(14.4, 1, 0, 50, "checkpoint"), resumed(14.4, 1, 1, 50, "checkpoint"),
+                  resumed(14.5, 1, 0, 100, "jit"), resumed(14.6, 1, 1, 100, "jit")]
+    first, _ = failure_costs(report.load(write(tmp_path / "ft_events.jsonl", run)))
+    assert (first.resumed_step, first.source, first.steps_redone) == (100, "jit", 0)

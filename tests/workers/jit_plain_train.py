@@ -97,6 +97,7 @@ def main() -> int:
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         start, source = saved["step"], "ckpt"
+        ft_integration.on_checkpoint_loaded(False, step=start)
     resumed = ft_integration.load_jit_state(model, optimizer, newer_than=start)
     if resumed is not None:
         start, source = resumed, "jit"
