@@ -266,7 +266,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         # which just-in-time state this round's workers resume from, the same step on every node
         self._jit_resume = state_agreement.resume_for_round(self._store, worker_group.group_rank or 0,
                                                             worker_group.group_world_size or 1,
-                                                            self._jit_state_dir, self.cycle + 1)
+                                                            self._jit_state_dir, self.cycle + 1,
+                                                            self._ft_cfg.jit_heal_timeout, self._events)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         self.cycle += 1
