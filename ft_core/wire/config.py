@@ -369,7 +369,7 @@ class FaultToleranceConfig:
     jit_heal_timeout: Optional[float] = _seconds_field(
         None, "Longest transfer of the newest just-in-time state to a node that lacks it, from a node "
         "that holds it, through the rendezvous store after a restart's rendezvous (docs/jit-state.md, "
-        "healing). null: 10 s plus 1 s per 20 MB of the state; 0 turns healing off (every node then "
+        "healing). null: 10 s plus 1 s per 10 MB of the state; 0 turns healing off (every node then "
         "resumes from the newest state every node can read).",
         {Role.LAUNCHER}, maximum=3600.0,
     )

@@ -28,7 +28,7 @@ class HealNode:
     """One ft_launcher of a two-node job running jit_plain_train.py with its own directories."""
 
     def __init__(self, name: str, tmp_path: Path, port: int, ckpt_dir: Path | None = None,
-                 launcher: list[str] = FT_LAUNCHER):
+                 launcher: list[str] = FT_LAUNCHER, extra: tuple[str, ...] = ()):
         self.dir = tmp_path / name
         self.reports = self.dir / "reports"
         self.reports.mkdir(parents=True)
@@ -43,7 +43,8 @@ class HealNode:
              "--rdzv-conf", "join_timeout=30,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5",
              "--max-restarts", "2", "--ft-param-initial_rank_heartbeat_timeout=null",
              "--ft-param-rank_heartbeat_timeout=null", "--ft-param-rank_section_timeouts=setup:600,step:180,"
-             "checkpointing:420", "--ft-param-rank_out_of_section_timeout=300", "--ft-event-log", str(self.events_path), TRAIN, json.dumps(cfg)],
+             "checkpointing:420", "--ft-param-rank_out_of_section_timeout=300",
+             "--ft-event-log", str(self.events_path), *extra, TRAIN, json.dumps(cfg)],
             env=launcher_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def finish(self, timeout: float = 150) -> int:

@@ -166,5 +166,5 @@ def test_a_manifest_that_is_not_a_saved_state_leaves_nothing(tmp_path):
 
 def test_the_default_bound_grows_with_the_bytes():
     assert state_transfer.heal_timeout(None, 0) == 10.0
-    assert state_transfer.heal_timeout(None, 200_000_000) == 20.0
+    assert state_transfer.heal_timeout(None, 200_000_000) == 30.0
     assert state_transfer.heal_timeout(3.5, 10**12) == 3.5
