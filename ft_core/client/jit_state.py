@@ -75,8 +75,10 @@ class StateProvider(Protocol):
         ...
 
     def capture(self) -> Any:
-        """A CPU copy of the full state (detached clones) that ``torch.save`` can write; may run
-        in another thread than the training loop's."""
+        """The full state on the CPU (detached) that ``torch.save`` can write; may run in another
+        thread than the training loop's. CPU tensors that change only inside the optimizer update
+        may be the live ones: :class:`JitState` checks the step and the update flag again after
+        the payload is written."""
         ...
 
     def approx_bytes(self) -> int:
@@ -228,8 +230,15 @@ class JitState:
                     saved_state.release(self.state_dir, step)
                     return SaveResult(ok=False, step=step, source=source,
                                       reason="the state changed during the copy (training went on)")
+                # A capture may hold live CPU tensors (PlainStateProvider): checked again once written.
                 state = saved_state.write(self.state_dir, step, _torch_writer(captured), kind=provider.kind,
-                                          source=source, started=started, **_rank_fields())
+                                          source=source, started=started, **_rank_fields(),
+                                          still_valid=lambda: provider.completed_step() == step
+                                          and not provider.in_update())
+            except saved_state.StateChanged:
+                saved_state.release(self.state_dir, step)
+                return SaveResult(ok=False, step=step, source=source,
+                                  reason="the state changed during the save (training went on)")
             except BaseException:
                 saved_state.release(self.state_dir, step)
                 raise

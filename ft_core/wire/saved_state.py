@@ -140,9 +140,14 @@ def release(directory: str, step: int) -> None:
         os.unlink(os.path.join(directory, claim_name(step)))
 
 
+class StateChanged(Exception):
+    """Raised by :func:`write` when its ``still_valid`` check fails: nothing was kept."""
+
+
 def write(directory: str, step: int, write_payload: Callable[[str], None], *, kind: str, source: str,
           rank: int = -1, local_rank: int = -1, cycle: int = -1, world_size: int = -1,
-          started: float | None = None, durable: bool = False) -> SavedState:
+          started: float | None = None, durable: bool = False,
+          still_valid: Callable[[], bool] | None = None) -> SavedState:
     """Write one state: the payload (through ``write_payload``), then its manifest, atomically.
 
     The payload goes to a temporary name, is checksummed by reading it back in chunks (faster
@@ -157,6 +162,8 @@ def write(directory: str, step: int, write_payload: Callable[[str], None], *, ki
         kind, source, rank, local_rank, cycle, world_size: Manifest fields (see :class:`SavedState`).
         started: ``time.monotonic()`` when the save began (the copy included); default: now.
         durable: fsync the payload (off for node-local state: a lost node loses it anyway).
+        still_valid: Asked after the payload is written, before the manifest: False discards the
+            payload (the state changed while it was written) and raises :class:`StateChanged`.
 
     Returns:
         The saved state.
@@ -176,6 +183,8 @@ def write(directory: str, step: int, write_payload: Callable[[str], None], *, ki
         write_payload(tmp)
         os.chmod(tmp, 0o600)
         digest, size = _checksum(tmp, durable)
+        if still_valid is not None and not still_valid():
+            raise StateChanged(f"the state of step {step} changed while it was written")
         os.replace(tmp, payload)
         state = SavedState(step=step, payload_path=payload, sha256=digest, bytes=size, kind=kind, source=source,
                            rank=rank, local_rank=local_rank, node=socket.gethostname(), cycle=cycle,

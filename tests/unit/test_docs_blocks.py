@@ -85,9 +85,14 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
         "an sbatch script: needs a SLURM cluster (multinode.md's sbatch example, the same pattern, "
         "is run by tests/cluster/test_documented_sbatch.py)",
     ("docs/multinode.md", "scontrol show hostnames"): "srun and scontrol: runs only inside a SLURM allocation",
+    ("docs/jit-state.md", "ft_integration.track_state(model, optimizer, extra="):
+        "a fragment (your model, optimizer and checkpoint loader); tests/workers/jit_plain_train.py makes "
+        "the same calls under ft_launcher in tests/integration/test_jit_state_plain.py",
 }
 
 EXCLUDED: dict[tuple[str, str], str] = {
+    ("docs/jit-state.md", "cycle 0: rank 0 saved its state of step 137"): "output: the launcher's two lines",
+    ("docs/jit-state.md", "cannot be read on node 1"): "output: the agreement's fallback line",
     ("docs/autoresume.md", "attempt\tjob_id"): "output: an example history.tsv",
     ("docs/autoresume.md", "srun --nodes=$SLURM_NNODES"):
         "a synopsis ([optional] parts, <placeholders>), not a command",

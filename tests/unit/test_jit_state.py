@@ -3,6 +3,7 @@ without a state directory; a repeated request is answered from memory."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -114,3 +115,19 @@ def test_copy_to_the_checkpoint_dir(tmp_path):
     assert jit.save_now().ok
     shared = saved_state.newest(str(tmp_path / "ckpt" / saved_state.JIT_SUBDIR))
     assert shared is not None and shared.step == 7 and saved_state.verify(shared)
+
+
+def test_step_moving_during_the_write_declines(tmp_path, monkeypatch):
+    provider = Provider()
+    jit = JitState(state_dir=str(tmp_path), monitor_socket="")
+    jit.attach(provider)
+    real_save = torch.save
+
+    def save_then_advance(obj, path):
+        real_save(obj, path)
+        provider.step += 1  # the main thread completed an update meanwhile
+
+    monkeypatch.setattr(torch, "save", save_then_advance)
+    result = jit.save_now("blocked")
+    assert not result.ok and "changed during the save" in result.reason
+    assert saved_state.newest(str(tmp_path)) is None and os.listdir(tmp_path) == []

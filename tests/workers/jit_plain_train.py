@@ -10,6 +10,9 @@
         that would complete step S+1 (loop index S), rank R of cycle C exits (os._exit(1)), stops
         itself (SIGSTOP, a hang) or raises ValueError
     width: the model's width (default 32)
+    slow_extra: seconds the state's ``extra`` callable sleeps (a save that outlives its bound); it
+        first creates ``<report_dir>/saving`` (the test knows a save is in progress)
+    corrupt_saved_state: rank 0 flips a byte of the state it saved in its exception path, then exits
 
 Report lines: {"op": "started", "step": S, "source": "jit"|"ckpt"|"none", "hash": H} and
 {"op": "step", "step": S, "hash": H} after every completed step (H: parameters and optimizer state).
@@ -22,6 +25,7 @@ import json
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import torch
@@ -63,7 +67,27 @@ def main() -> int:
                                                         torch.nn.Linear(width, 1)))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     ft_integration.setup(cfg["ckpt_dir"])
-    ft_integration.track_state(model, optimizer)
+    def extra() -> dict[str, Any]:
+        if cfg.get("slow_extra"):
+            open(os.path.join(cfg["report_dir"], "saving"), "w").close()
+            time.sleep(float(cfg["slow_extra"]))
+        return {"rank": rank}
+
+    ft_integration.track_state(model, optimizer, extra=extra)
+    if cfg.get("corrupt_saved_state") and rank == 0:
+        saving_hook = sys.excepthook
+
+        def corrupt_after_save(*args: Any) -> None:
+            saving_hook(*args)
+            for name in os.listdir(os.environ["FT_JIT_STATE_DIR"]):
+                if name.endswith(".pt"):
+                    with open(os.path.join(os.environ["FT_JIT_STATE_DIR"], name), "r+b") as stream:
+                        stream.seek(100)
+                        byte = stream.read(1)
+                        stream.seek(100)
+                        stream.write(bytes([byte[0] ^ 0xFF]))
+
+        sys.excepthook = corrupt_after_save
     start, source = 0, "none"
     ckpt = os.path.join(cfg["ckpt_dir"], "ckpt.pt")
     if os.path.exists(ckpt):
@@ -74,7 +98,8 @@ def main() -> int:
     resumed = ft_integration.load_jit_state(model, optimizer, newer_than=start)
     if resumed is not None:
         start, source = resumed, "jit"
-    report(op="started", step=start, source=source, hash=state_hash(model, optimizer))
+    report(op="started", step=start, source=source, hash=state_hash(model, optimizer),
+           state_dir=os.environ.get("FT_JIT_STATE_DIR"))
     generator = torch.Generator().manual_seed(1000 + rank)
     for step in range(start, int(cfg.get("steps", 150))):
         ft_integration.on_training_step_start(step)
