@@ -152,3 +152,18 @@ def test_an_offer_from_the_store_is_bounded(tmp_path):
     assert offer.step == 5 and offer.bytes == 12 and len(offer.node) == 255
     assert Offer.from_json('{"step": 5, "bytes": -3}').bytes == 0
     assert Offer.from_json('{"step": null, "bytes": 3}').bytes == 0
+
+
+@pytest.mark.parametrize("value, parsed", [(None, None), ("null", None), ("0", 0.0), (0, 0.0), ("12.5", 12.5)])
+def test_the_heal_timeout_option(value, parsed):
+    from ft_core.wire.config import FaultToleranceConfig
+
+    assert FaultToleranceConfig(jit_heal_timeout=value).jit_heal_timeout == parsed
+
+
+@pytest.mark.parametrize("value", [-1, "soon", 5000])
+def test_a_bad_heal_timeout_is_a_clear_error(value):
+    from ft_core.wire.config import ConfigError, FaultToleranceConfig
+
+    with pytest.raises(ConfigError, match="jit_heal_timeout must be 0 \\(off\\) or seconds"):
+        FaultToleranceConfig(jit_heal_timeout=value)
