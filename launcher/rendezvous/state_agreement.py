@@ -224,11 +224,13 @@ def agree_after_rendezvous(store: Any, group_rank: int, group_world_size: int, d
     if plan is None or heal_timeout == 0 or directory is None:
         return agree(offers_parsed, readable, own, group_rank, _names(offers_parsed))
     bound = state_transfer.heal_timeout(heal_timeout, plan.bytes)
+    deadline = time.monotonic() + bound  # the other nodes' results are due by then (plus the usual wait)
     heal, own = _heal(store, plan, group_rank, directory, bound, own, offers_parsed)
     mine = readable_steps(own, offers_parsed)
     failed = heal.transfer.reason if heal is not None and not heal.transfer.ok else ""
     healed_raw = _exchange(store, HEALED_PREFIX, group_rank, group_world_size,
-                           json.dumps({"steps": mine, "failed": failed}), bound + wait)
+                           json.dumps({"steps": mine, "failed": failed}),
+                           max(0.0, deadline - time.monotonic()) + wait)
     if healed_raw is None:
         return Agreement(reason=_no_exchange(own), heal=heal)
     healed = [_healed(raw) for raw in healed_raw]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 import pytest
 from torch.distributed import HashStore
@@ -167,3 +168,16 @@ def test_a_bad_heal_timeout_is_a_clear_error(value):
 
     with pytest.raises(ConfigError, match="jit_heal_timeout must be 0 \\(off\\) or seconds"):
         FaultToleranceConfig(jit_heal_timeout=value)
+
+
+def test_a_silent_sender_ends_the_heal_at_its_bound(tmp_path, monkeypatch):
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    _save(dirs[0], 137)
+    # the holder's launcher sends nothing and says nothing (as if it hung)
+    monkeypatch.setattr(state_transfer, "send", lambda store, state, receivers, timeout: state_transfer.Transfer(
+        False, state.step, reason="silent"))
+    started = time.monotonic()
+    agreements = _round(dirs, heal_timeout=1.0)
+    assert time.monotonic() - started < 1.0 + 8  # the bound, not the bound twice plus the exchange's wait
+    assert [a.step for a in agreements] == [None, None]
+    assert "sent nothing more within the bound" in agreements[0].reason
