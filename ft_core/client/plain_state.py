@@ -165,7 +165,12 @@ def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = No
         return None
     import torch
 
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # e.g. an ``extra`` value torch's safe loader does not accept
+        logger.warning("just-in-time state %s could not be loaded (%s: %s); falling back to the periodic checkpoint",
+                       path, type(err).__name__, str(err).partition("\n")[0][:200])
+        return None
     if not isinstance(payload, dict) or payload.get("format") != PAYLOAD_FORMAT:
         logger.warning("just-in-time state %s is not a plain-loop state; falling back to the periodic checkpoint", path)
         return None

@@ -59,9 +59,12 @@ class SurvivorSave:
         if self.directory is None:
             return False
         began = time.monotonic()
-        sizes = [r.state_bytes for r in reports.values() if r.state_bytes]
-        if not sizes and not running:
+        on_disk = self._on_disk(cycle)
+        if on_disk is not None:  # a rank's exception path saved (and the rank may have exited)
+            return self._conclude(cycle, None, "", began, on_disk)
+        if not running:
             return self._conclude(cycle, None, "no rank of this node was running", began)
+        sizes = [r.state_bytes for r in reports.values() if r.state_bytes]
         bound = saved_state.save_timeout(self._cfg.jit_state_timeout, max(sizes, default=0))
         request = messages.SaveState(cycle=cycle, reason="another rank of the job failed", timeout=bound)
         replies: list[messages.StateSaved] = []

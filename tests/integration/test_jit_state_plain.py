@@ -101,7 +101,10 @@ def test_a_save_outliving_its_bound_falls_back_and_the_launcher_goes_on(tmp_path
     result, events = run(tmp_path, short_tmp, {"fault": {"rank": 1, "cycle": 0, "step": 137, "kind": "stop"},
                                                "slow_extra": 20}, "--ft-jit-state-timeout", "1", step_timeout=3)
     not_saved = events_of(events, "state_not_saved")
-    assert len(not_saved) == 1 and "within 1.0 s" in not_saved[0]["reason"], not_saved
+    # Within the bound nobody answered; whether the launcher's own request then ran out too or found
+    # the rank already stopped by its monitor (which asked it first, with the same bound) is timing.
+    assert len(not_saved) == 1, not_saved
+    assert any(text in not_saved[0]["reason"] for text in ("within 1.0 s", "closed its state channel")), not_saved
     assert "no just-in-time state saved on this node" in result.stderr
     assert not events_of(events, "state_saved")
     assert_resumed_from_checkpoint(tmp_path)

@@ -131,3 +131,35 @@ def test_step_moving_during_the_write_declines(tmp_path, monkeypatch):
     result = jit.save_now("blocked")
     assert not result.ok and "changed during the save" in result.reason
     assert saved_state.newest(str(tmp_path)) is None and os.listdir(tmp_path) == []
+
+
+def test_plain_loop_round_trip(tmp_path, monkeypatch):
+    from ft_core.client import jit_state, plain_state
+
+    monkeypatch.setenv("FT_JIT_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", "")
+    monkeypatch.setattr(jit_state, "_default", None)
+    monkeypatch.setattr(plain_state, "_provider", None)
+    monkeypatch.setattr(plain_state, "_restored_step", None)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    optimizer = torch.optim.Adam(model.parameters())
+    assert plain_state.track_state(model, optimizer, extra=lambda: {"epoch": 3})
+    for _ in range(2):
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+    result = jit_state.save_now("exception")
+    assert result.ok and result.step == 2
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    fresh_optimizer = torch.optim.Adam(fresh.parameters())
+    monkeypatch.setenv("FT_JIT_RESUME", result.path)
+    extras = []
+    assert plain_state.load_jit_state(fresh, fresh_optimizer, newer_than=2) is None  # not newer
+    assert plain_state.load_jit_state(fresh, fresh_optimizer, newer_than=1, load_extra=extras.append) == 2
+    assert extras == [{"epoch": 3}]
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert fresh_optimizer.state_dict()["state"][0]["step"] == 2
+    with open(result.path, "r+b") as stream:  # corrupt: a warning, and None
+        stream.seek(50)
+        stream.write(b"\x00\x01\x02")
+    assert plain_state.load_jit_state(fresh, fresh_optimizer) is None

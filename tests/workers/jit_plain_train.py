@@ -12,6 +12,7 @@
     width: the model's width (default 32)
     slow_extra: seconds the state's ``extra`` callable sleeps (a save that outlives its bound); it
         first creates ``<report_dir>/saving`` (the test knows a save is in progress)
+    shared_copy: track_state gets ``ckpt_dir``: saves are copied to ``<ckpt_dir>/ft_jit_state/``
     corrupt_saved_state: rank 0 flips a byte of the state it saved in its exception path, then exits
 
 Report lines: {"op": "started", "step": S, "source": "jit"|"ckpt"|"none", "hash": H} and
@@ -73,7 +74,8 @@ def main() -> int:
             time.sleep(float(cfg["slow_extra"]))
         return {"rank": rank}
 
-    ft_integration.track_state(model, optimizer, extra=extra)
+    ft_integration.track_state(model, optimizer, extra=extra,
+                               checkpoint_dir=cfg["ckpt_dir"] if cfg.get("shared_copy") else None)
     if cfg.get("corrupt_saved_state") and rank == 0:
         saving_hook = sys.excepthook
 
