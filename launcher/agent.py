@@ -272,7 +272,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         # which just-in-time state this round's workers resume from, the same step on every node
         self._jit_resume = state_agreement.resume_for_round(self._store, worker_group.group_rank or 0,
                                                             worker_group.group_world_size or 1,
-                                                            self._jit_state_dir, self.cycle + 1)
+                                                            self._jit_state_dir, self.cycle + 1,
+                                                            self._ft_cfg.jit_heal_timeout, self._events)
 
     def _assign_worker_ranks(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> list[Any]:
         # torch's exchange right after the round, bounded; a member that never came is RoundFailed

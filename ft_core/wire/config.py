@@ -174,6 +174,9 @@ def _spec(f: Field) -> FieldSpec:
     return f.metadata[_SPEC]
 
 
+MAX_JIT_HEAL_TIMEOUT = 3600.0
+
+
 @dataclass
 class FaultToleranceConfig:
     """Configuration of hang detection and restarts.
@@ -366,6 +369,18 @@ class FaultToleranceConfig:
         "anyway (the periodic checkpoint is used then). null: 10 s plus 1 s per 100 MB of the state.",
         {Role.MONITOR, Role.LAUNCHER}, maximum=3600.0,
     )
+    jit_heal_timeout: Optional[float] = _declare(None, FieldSpec(
+        "Longest transfer of the newest just-in-time state to a node that lacks it, from a node "
+        "that holds it, through the rendezvous store after a restart's rendezvous (docs/jit-state.md, "
+        "healing). null: 10 s plus 1 s per 10 MB of the state; 0 turns healing off (every node then "
+        "resumes from the newest state every node can read).",
+        lambda name, value: None if value is None or (isinstance(value, str) and value.strip().lower() in
+                                                        ("null", "none", "~")) else
+        parse_seconds_or_off(name, value, maximum=MAX_JIT_HEAL_TIMEOUT),
+        "null (sized from the state) or " + seconds_or_off_bounds(MAX_JIT_HEAL_TIMEOUT),
+        frozenset({Role.LAUNCHER}),
+        metavar="SECONDS",
+    ))
 
     def __post_init__(self) -> None:
         for f in fields(self):

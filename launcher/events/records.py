@@ -542,6 +542,38 @@ class Resumed(EventRecord):
 
 
 @dataclass(kw_only=True)
+class JitStateHealed(EventRecord):
+    """``state_healed``: after the rendezvous, this node received the newest just-in-time state from
+    a peer that held it (it had none of that step), or sent it to the nodes that lacked it, through
+    the rendezvous store ([jit-state.md](jit-state.md#healing-a-node-from-a-peer))."""
+
+    EVENT: ClassVar[str] = "state_healed"
+
+    cycle: int | None = _f(doc="the cycle about to start")
+    role: str | None = _f(doc="`received` or `sent`")
+    peer: str | None = _f(doc="the sender, or the receivers (`node <group rank> (<host>)`)")
+    step: int | None = _f(doc="the completed step the state holds")
+    bytes: int | None = _f()
+    seconds: float | None = _f(doc="the transfer, checksum included")
+
+
+@dataclass(kw_only=True)
+class JitStateHealFailed(EventRecord):
+    """``state_heal_failed``: a transfer of the newest just-in-time state from a peer failed (timeout,
+    checksum, store); every node falls back to the newest state every node can read."""
+
+    EVENT: ClassVar[str] = "state_heal_failed"
+
+    cycle: int | None = _f(doc="the cycle about to start")
+    role: str | None = _f(doc="`received` or `sent`")
+    peer: str | None = _f()
+    step: int | None = _f()
+    bytes: int | None = _f(doc="bytes moved before it failed")
+    seconds: float | None = _f()
+    reason: str = _f("", "e.g. the payload's SHA-256 differs from its manifest's")
+
+
+@dataclass(kw_only=True)
 class StoreLost(EventRecord):
     """``store_lost``: the rendezvous store is gone; a ``result`` (``rendezvous store lost``,
     exit code 1) follows."""
@@ -590,7 +622,7 @@ KINDS: dict[str, type[EventRecord]] = {
         WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest,
         ReplaceRefused, Straggler, MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived,
         SignalForwarded, Restart, RoundFailure, MinHealthyRestart, LeftoversKilled, JitStateSaved, JitStateNotSaved,
-        Resumed, StoreLost, Result, Summary,
+        JitStateHealed, JitStateHealFailed, Resumed, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""

@@ -1,8 +1,9 @@
 """Just-in-time state across two ft_launchers on 127.0.0.1 acting as two nodes (one rank each):
 global rank 1 crashes at step 137; the other node's rank saves, its own node has no survivor.
 Every node must resume from the same step: 137 when the crashed rank's node can read the
-survivor's state (its copy in the shared checkpoint directory), else the periodic checkpoint of
-step 100 on both, with one line on each node saying why."""
+survivor's state (its copy in the shared checkpoint directory, or the copy it received from the
+other node: healing), else the periodic checkpoint of step 100 on both (healing off), with one
+line on each node saying why."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "jit_plain_train.
 pytestmark = pytest.mark.slow
 
 
-def start_node(name: str, tmp_path: Path, port: int, cfg: dict, short_tmp: str):
+def start_node(name: str, tmp_path: Path, port: int, cfg: dict, short_tmp: str, extra: tuple[str, ...] = ()):
     node_dir = tmp_path / name
     node_dir.mkdir()
     args = ["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
@@ -30,7 +31,7 @@ def start_node(name: str, tmp_path: Path, port: int, cfg: dict, short_tmp: str):
             "--ft-event-log", str(node_dir / "events.jsonl"),
             "--ft-param-initial_rank_heartbeat_timeout", "null", "--ft-param-rank_heartbeat_timeout", "null",
             "--ft-param-rank_section_timeouts", "setup:60,step:60,checkpointing:60",
-            "--ft-param-rank_out_of_section_timeout", "60", WORKER, json.dumps(cfg)]
+            "--ft-param-rank_out_of_section_timeout", "60", *extra, WORKER, json.dumps(cfg)]
     return start_launcher(args, env={"TMPDIR": short_tmp}), node_dir
 
 
@@ -45,8 +46,9 @@ def survivor_hash(tmp_path: Path, rank: int, step: int) -> str:
                 if r["op"] == "step" and r["step"] == step)
 
 
-@pytest.mark.parametrize("shared_copy", [False, True], ids=["node-local-only", "shared-copy"])
-def test_both_nodes_resume_from_the_same_step(tmp_path, shared_copy):
+@pytest.mark.parametrize("shared_copy, heal", [(False, True), (False, False), (True, True)],
+                         ids=["node-local-only-healed", "node-local-only-healing-off", "shared-copy"])
+def test_both_nodes_resume_from_the_same_step(tmp_path, shared_copy, heal):
     short_tmp = tempfile.mkdtemp(prefix="jit2")
     (tmp_path / "ckpt").mkdir()
     port = free_port()
@@ -55,16 +57,21 @@ def test_both_nodes_resume_from_the_same_step(tmp_path, shared_copy):
         for name in ("a", "b"):
             cfg = {"ckpt_dir": str(tmp_path / "ckpt"), "report_dir": str(tmp_path), "shared_copy": shared_copy,
                    "fault": {"rank": 1, "cycle": 0, "step": 137, "kind": "crash"}}
-            procs[name] = start_node(name, tmp_path, port, cfg, short_tmp)
+            extra = () if heal else ("--ft-param-jit-heal-timeout", "0")
+            procs[name] = start_node(name, tmp_path, port, cfg, short_tmp, extra)
         outputs = {}
         for name, (proc, _node_dir) in procs.items():
             out, err = proc.communicate(timeout=240)
             outputs[name] = err
             assert proc.returncode == 0, err[-6000:]
-        expected = 137 if shared_copy else 100
+        expected = 137 if shared_copy or heal else 100
         starts = [started(tmp_path, rank) for rank in (0, 1)]
         assert {s["step"] for s in starts} == {expected}, starts
-        if shared_copy:
+        healed = [e for name in procs for e in read_events(tmp_path / name / "events.jsonl")
+                  if e["event"] == "state_healed"]
+        # healing only where a node cannot read the newest state: not with the shared copy
+        assert sorted(e["role"] for e in healed) == (["received", "sent"] if heal and not shared_copy else [])
+        if shared_copy or heal:
             assert {s["hash"] for s in starts} == {survivor_hash(tmp_path, 0, 137)}
         else:
             assert {s["source"] for s in starts} == {"ckpt"}

@@ -93,7 +93,9 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
 
 EXCLUDED: dict[tuple[str, str], str] = {
     ("docs/jit-state.md", "cycle 0: rank 0 saved its state of step 137"): "output: the launcher's two lines",
-    ("docs/jit-state.md", "cannot be read on node 1"): "output: the agreement's fallback line",
+    ("docs/jit-state.md", "cycle 1: the newest just-in-time state"): "output: the agreement's fallback line",
+    ("docs/jit-state.md", "healed from node 0 (host-a)"): "output: the restart's line after a heal",
+    ("docs/jit-state.md", "healing from node 0 (host-a) failed"): "output: the fallback line after a failed heal",
     ("docs/autoresume.md", "attempt\tjob_id"): "output: an example history.tsv",
     ("docs/autoresume.md", "srun --nodes=$SLURM_NNODES"):
         "a synopsis ([optional] parts, <placeholders>), not a command",

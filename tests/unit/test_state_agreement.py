@@ -13,6 +13,7 @@ from launcher.rendezvous.state_agreement import (
     Offer,
     agree,
     agree_after_rendezvous,
+    heal_plan,
     local_offer,
     readable_steps,
     worker_env,
@@ -29,23 +30,26 @@ def offer(step, shared=False):
 
 
 # Each row: the nodes' offers (step, shared copy?), which shared copies exist on every node, the
-# step agreed, and whether a reason line is expected.
+# step agreed without healing, whether a reason line is expected then, and the step agreed once the
+# nodes that lack the newest state received it from a peer (launcher/rendezvous/state_transfer.py).
 TABLE = [
-    ("all nodes saved the same step", [(137, False), (137, False)], set(), 137, False),
-    ("nothing saved anywhere", [(None, False), (None, False)], set(), None, False),
-    ("one node saved nothing, no shared copy", [(137, False), (None, False)], set(), None, True),
-    ("one node saved nothing, shared copy readable", [(137, True), (None, False)], {137}, 137, False),
-    ("one node saved nothing, shared copy offered but not visible", [(137, True), (None, False)], set(), None, True),
-    ("nodes one step apart, no shared copies", [(137, False), (138, False)], set(), None, True),
-    ("newest only on one node, older shared", [(138, False), (137, True)], {137}, 137, True),
-    ("newest shared, older local elsewhere", [(138, True), (137, False)], {138}, 138, False),
-    ("three nodes, one without anything", [(137, False), (137, False), (None, False)], set(), None, True),
-    ("single node", [(5, False)], set(), 5, False),
+    ("all nodes saved the same step", [(137, False), (137, False)], set(), 137, False, 137),
+    ("nothing saved anywhere", [(None, False), (None, False)], set(), None, False, None),
+    ("one node saved nothing, no shared copy", [(137, False), (None, False)], set(), None, True, 137),
+    ("one node saved nothing, shared copy readable", [(137, True), (None, False)], {137}, 137, False, 137),
+    ("one node saved nothing, shared copy offered but not visible", [(137, True), (None, False)], set(), None, True,
+     137),
+    ("nodes one step apart, no shared copies", [(137, False), (138, False)], set(), None, True, 138),
+    ("newest only on one node, older shared", [(138, False), (137, True)], {137}, 137, True, 138),
+    ("newest shared, older local elsewhere", [(138, True), (137, False)], {138}, 138, False, 138),
+    ("three nodes, one without anything", [(137, False), (137, False), (None, False)], set(), None, True, 137),
+    ("three nodes, two without anything", [(None, False), (137, False), (None, False)], set(), None, True, 137),
+    ("single node", [(5, False)], set(), 5, False, 5),
 ]
 
 
-@pytest.mark.parametrize("name, offers, visible, expected, reason", TABLE, ids=[row[0] for row in TABLE])
-def test_agreement_table(name, offers, visible, expected, reason, monkeypatch):
+@pytest.mark.parametrize("name, offers, visible, expected, reason, healed", TABLE, ids=[row[0] for row in TABLE])
+def test_agreement_table(name, offers, visible, expected, reason, healed, monkeypatch):
     all_offers = [offer(step, shared) for step, shared in offers]
 
     def exists(path):
@@ -63,6 +67,16 @@ def test_agreement_table(name, offers, visible, expected, reason, monkeypatch):
             assert result.path == L.format(expected)
         else:
             assert result.path == S.format(expected)
+    # healing: the plan's receivers then hold the newest step on their own (their received copy)
+    plan = heal_plan(all_offers, readable)
+    if plan is not None:
+        assert all_offers[plan.holder].step == plan.step and plan.holder not in plan.receivers
+        all_offers = [offer(plan.step) if i in plan.receivers else own for i, own in enumerate(all_offers)]
+        readable = [readable_steps(own, all_offers, exists) for own in all_offers]
+    results = [agree(all_offers, readable, own, i) for i, own in enumerate(all_offers)]
+    assert {r.step for r in results} == {healed}
+    assert all(r.reason == "" for r in results)
+    assert all(r.path == L.format(healed) or r.path == S.format(healed) for r in results if healed is not None)
 
 
 def test_worker_env():
@@ -96,8 +110,8 @@ def test_malformed_offers_read_as_empty():
     assert Offer.from_json('{"step": 4, "shared": 7}') == Offer(step=4)
 
 
-@pytest.mark.parametrize("steps, expected", [((7, 7), 7), ((7, None), None)])
-def test_two_nodes_exchange_through_a_store(tmp_path, steps, expected):
+@pytest.mark.parametrize("steps, heal, expected", [((7, 7), None, 7), ((7, None), 0, None), ((7, None), None, 7)])
+def test_two_nodes_exchange_through_a_store(tmp_path, steps, heal, expected):
     torch_dist = pytest.importorskip("torch.distributed")
     store = torch_dist.HashStore()
     dirs = []
@@ -110,7 +124,7 @@ def test_two_nodes_exchange_through_a_store(tmp_path, steps, expected):
     results: dict[int, Agreement] = {}
 
     def node(rank):
-        results[rank] = agree_after_rendezvous(store, rank, 2, dirs[rank], wait=10.0)
+        results[rank] = agree_after_rendezvous(store, rank, 2, dirs[rank], wait=10.0, heal_timeout=heal)
 
     threads = [threading.Thread(target=node, args=(rank,)) for rank in (0, 1)]
     for thread in threads:
