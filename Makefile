@@ -121,6 +121,7 @@ check-torch-versions: $(STAMP)
 	$(PY) -m tests.torch_versions --cache '$(TORCH_SRC_CACHE)' $(TORCH_VERSIONS)
 
 # The Lightning behaviour the callbacks' skipped hooks rely on (tests/unit/test_lightning_hook_skipping.py)
+# and the private Lightning names just-in-time state uses (tests/unit/test_lightning_private_names.py)
 # on every supported Lightning minor (pyproject: lightning>=2.1): one throwaway venv each under
 # LIGHTNING_VENVS, with TORCH_SPEC (a local wheel here) and the newest patch of that minor (downloaded:
 # ~1 min per minor here, see docs/development.md). setuptools<81: Lightning 2.1 imports pkg_resources.
@@ -135,7 +136,8 @@ check-lightning-versions:
 	    "$$venv"/bin/pip install -q '$(TORCH_SPEC)' "lightning==$$minor.*" \
 	        'setuptools<81' pytest pytest-timeout pyyaml filelock psutil; \
 	    "$$venv"/bin/python -c 'import lightning; print("lightning", lightning.__version__)'; \
-	    "$$venv"/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_lightning_hook_skipping.py; \
+	    "$$venv"/bin/python -m pytest -q -p no:cacheprovider tests/unit/test_lightning_hook_skipping.py \
+	        tests/unit/test_lightning_private_names.py; \
 	    rm -rf "$$venv"; \
 	done
 

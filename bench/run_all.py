@@ -51,13 +51,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench import goodput_realistic  # noqa: E402
 from bench._util import REPO, become_subreaper, kill_descendants, summarize  # noqa: E402
 from bench.gpu_scenarios import report as gpu_report  # noqa: E402
 from bench.scale import DOC_HISTORY as SCALE_HISTORY  # noqa: E402
 from bench.scale import DOC_INTRO as SCALE_INTRO  # noqa: E402
 from bench.scale import DOC_TITLE as SCALE_TITLE  # noqa: E402
 
-SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput", "soak", "straggler", "scale")
+SCENARIOS = ("client", "hang", "restart", "footprint", "lightning", "goodput", "goodput_realistic", "soak", "straggler",
+             "scale")
 
 # Repetitions and sizes: (full, quick).
 SETTINGS = {
@@ -68,6 +70,7 @@ SETTINGS = {
     "lightning_reps": (3, 1), "lightning_pairs": (3000, 300),
     "goodput_runs": (2, 1), "goodput_baseline_runs": (1, 1), "goodput_max_steps": (1500, 500),
     "goodput_max_faults": (4, 2), "goodput_fault_every": (6.0, 4.0),
+    "goodput_realistic_args": ([], ["--quick"]),
     # The soak: >= 10 minutes with the default minimums; then a shorter run with the old ones.
     "soak_duration": (660.0, 150.0), "soak_old_duration": (240.0, 90.0),
     "straggler_reps": (3, 1), "straggler_blocks": (60, 10),
@@ -239,6 +242,17 @@ def scenario_goodput(ctx: Context) -> dict:
     return ctx.run_json("goodput", sys.executable, "goodput.py", script_args)
 
 
+def scenario_goodput_realistic(ctx: Context) -> dict:
+    script_args = [*ctx.setting("goodput_realistic_args"), "--log-dir", str(ctx.logs)]
+    if "nvrx" in ctx.python:
+        script_args += ["--peer-python", ctx.python["nvrx"]]
+    return ctx.run_json("goodput_realistic", sys.executable, "goodput_realistic.py", script_args)
+
+
+def render_goodput_realistic(result: dict, peer: bool) -> list[str]:
+    return _error_section(goodput_realistic.DOC_TITLE, result) or goodput_realistic.doc_section(result)
+
+
 def scenario_soak(ctx: Context) -> dict:
     runs = {}
     for minimums, key in (("default", "soak_duration"), ("old", "soak_old_duration")):
@@ -274,6 +288,7 @@ def scenario_scale(ctx: Context) -> dict:
 RUNNERS: dict[str, Callable[[Context], dict]] = {
     "client": scenario_client, "hang": scenario_hang, "restart": scenario_restart,
     "footprint": scenario_footprint, "lightning": scenario_lightning, "goodput": scenario_goodput,
+    "goodput_realistic": scenario_goodput_realistic,
     "soak": scenario_soak, "straggler": scenario_straggler, "scale": scenario_scale,
 }
 
@@ -414,7 +429,8 @@ def render(data: dict) -> str:
     add("")
     sections = [("client", render_client), ("hang", render_hang), ("restart", render_restart),
                 ("footprint", render_footprint), ("lightning", render_lightning), ("goodput", render_goodput),
-                ("soak", render_soak), ("straggler", render_straggler), ("scale", render_scale)]
+                ("goodput_realistic", render_goodput_realistic), ("soak", render_soak), ("straggler", render_straggler),
+                ("scale", render_scale)]
     number = 0
     for key, fn in sections:
         if key not in results:

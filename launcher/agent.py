@@ -17,19 +17,21 @@ overrides its hooks; each hook calls into a unit that owns one concern:
   decides, and :meth:`FaultTolerantAgent._steer_torch`, the one place that steers torch's loop,
   carries the decision out.
 - ``_restart_workers``: "another node restarted" record.
-- ``_stop_workers`` / ``_shutdown``: ``--term-timeout`` to the fraction of a second; what workers
-  left behind (:mod:`launcher.node.processes`).
+- ``_stop_workers`` / ``_shutdown``: ``--term-timeout`` to the fraction of a second, SIGKILL for a
+  node that leaves; what workers left behind (:mod:`launcher.node.worker_stop`).
 
-What the agent is doing is one explicit phase (:class:`launcher.agent_phase.AgentPhase`: idle,
-starting, running, failed, waiting, succeeded, shutdown, excluded), changed only through
-:meth:`FaultTolerantAgent._enter`, which checks the transition. How workers start is a start
-coordinator's business (:mod:`launcher.warm.coordinator` or :mod:`launcher.warm.cold`).
+The agent is given the node's started parts as one :class:`NodeParts` and how workers stop as
+one :class:`launcher.node.worker_stop.StopSettings`. What the agent is doing is one explicit
+phase (:class:`launcher.agent_phase.AgentPhase`: idle, starting, running, failed, waiting,
+succeeded, shutdown, excluded, repeated), changed only through :meth:`FaultTolerantAgent._enter`,
+which checks the transition. How workers start is a start coordinator's business
+(:mod:`launcher.warm.coordinator` or :mod:`launcher.warm.cold`).
 
 Its public surface for :mod:`launcher.launch`: :attr:`cycle`, :attr:`phase`,
-:attr:`worker_pids`, :attr:`stopped_cleanly`, :attr:`ending`, :meth:`forward_signal`,
-:meth:`wait_for_shutdown_acks`. Nothing else reads
-torch's or the agent's private attributes; ``tests/unit/test_torch_hooks.py`` checks every hook
-signature and private torch attribute used here against the installed torch.
+:attr:`worker_pids`, :attr:`stopped_cleanly`, :attr:`ending`, :attr:`last_fingerprint`,
+:meth:`graceful_stops`, :meth:`forward_signal`, :meth:`wait_for_shutdown_acks`. Nothing else
+reads torch's or the agent's private attributes; ``tests/unit/test_torch_hooks.py`` checks every
+hook signature and private torch attribute used here against the installed torch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
@@ -59,25 +61,25 @@ from launcher.decision.gather import CycleFailures
 from launcher.decision.restart_policy import RestartPolicy
 from launcher.events.log import EventLog
 from launcher.events.records import (
-    CycleStart,
     GracefulStopped,
-    LeftoversKilled,
     MinHealthyRestart,
+    ReplaceRefused,
     Restart,
-    RoundFailure,
     SignalForwarded,
     SignalReceived,
     WorkersSucceeded,
 )
-from launcher.node import error_files, processes, torch_logs
+from launcher.node import cycle_record, error_files, processes, torch_logs
 from launcher.node.control_server import ControlServer
 from launcher.node.cycle_workers import CycleWorkers
 from launcher.node.join_check import JoinCheck
 from launcher.node.monitors import MonitorPool
+from launcher.node.survivor_save import state_dir
+from launcher.node.worker_stop import StopSettings, WorkerStop
 from launcher.node.workload_requests import WorkloadRequests
-from launcher.rendezvous import round_failure, store_counter
+from launcher.rendezvous import round_failure, state_agreement, store_counter
 from launcher.rendezvous.store_channel import StoreChannel
-from launcher.torch_compat import agent_shutdown_kwargs, torch_shutdown_kwargs
+from launcher.torch_compat import agent_shutdown_kwargs
 from launcher.warm.cold import StartCoordinator
 
 logger = logging.getLogger(__name__)
@@ -85,6 +87,28 @@ logger = logging.getLogger(__name__)
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
 _ENDING_PHASES = {Action.LEAVE: AgentPhase.EXCLUDED, Action.REPEATED: AgentPhase.REPEATED,
                   Action.SHUTDOWN: AgentPhase.SHUTDOWN}
+
+
+@dataclass(frozen=True)
+class NodeParts:
+    """The node's parts the launcher started and the agent drives (the run owns and releases them).
+
+    Attributes:
+        monitors: The node's started :class:`MonitorPool`.
+        control: The launcher's :class:`ControlServer`.
+        events: Where failure lines and records go.
+        starts: How workers start: the node's warm template coordinator (workers forked from
+            the template, see :mod:`launcher.warm.coordinator`) or ``ColdStart`` (as torchrun).
+        workers: The node's worker table (shared with the launcher's signal dispatcher, which
+            routes signals to the workers through :meth:`FaultTolerantAgent.forward_signal`
+            from its own thread).
+    """
+
+    monitors: MonitorPool
+    control: ControlServer
+    events: EventLog
+    starts: StartCoordinator
+    workers: processes.WorkerProcesses
 
 
 class FaultTolerantAgent(LocalElasticAgent):
@@ -95,25 +119,9 @@ class FaultTolerantAgent(LocalElasticAgent):
             (``spec`` as the start coordinator adopted it).
         ft_cfg: The fault tolerance config (the monitors enforce it; the agent reads the
             termination grace and signal, the stack budget, and what ranks get of it).
-        monitors: The node's started :class:`MonitorPool`.
-        control: The launcher's :class:`ControlServer`.
-        events: Where failure lines and records go.
         restart_policy: What a failure leads to.
-        term_timeout: Seconds from SIGTERM to SIGKILL whenever workers are stopped by torch's
-            loop or a signal to the launcher (fractions kept, see :meth:`_shutdown`).
-        reassert_signal_handlers: Called after each worker start and before each stop (the
-            launcher re-asserts its signal handlers there, since torch installs its own).
-        stop_signal_delivered: ``f(sig)``: True when the launcher is stopping because of
-            ``sig`` and the workers got it themselves (a job-wide signal); the stop then does
-            not send it again (see :mod:`launcher.node.signals`).
-        starts: How workers start: the node's warm template coordinator (workers forked from
-            the template, see :mod:`launcher.warm.coordinator`) or ``ColdStart`` (as torchrun).
-        workers_stop_timeout: ``--workers-stop-timeout``: after a worker failed, seconds from
-            SIGTERM to SIGKILL for the surviving workers.
-        workers: The node's worker table (shared with the launcher's signal dispatcher, which
-            routes signals to the workers through :meth:`forward_signal` from its own thread).
-        helper_pids: Processes of the launcher that are not leftovers of workers (the sentinel);
-            read each time leftovers are killed (the run's ``HelperPids`` gives the pids of then).
+        parts: The node's started parts.
+        stop: How workers are stopped (``stop.term_timeout`` is torch's ``shutdown_timeout``).
     """
 
     def __init__(
@@ -122,21 +130,14 @@ class FaultTolerantAgent(LocalElasticAgent):
         logs_specs: Any,
         *,
         ft_cfg: FaultToleranceConfig,
-        monitors: MonitorPool,
-        control: ControlServer,
-        events: EventLog,
         restart_policy: RestartPolicy,
-        starts: StartCoordinator,
-        workers: processes.WorkerProcesses,
-        workers_stop_timeout: float,
+        parts: NodeParts,
+        stop: StopSettings,
         start_method: str = "spawn",
         log_line_prefix_template: str | None = None,
-        term_timeout: float = 30.0,
-        reassert_signal_handlers: Callable[[], None] | None = None,
-        stop_signal_delivered: Callable[[signal.Signals], bool] | None = None,
-        helper_pids: Collection[int] = (),
     ) -> None:
-        self._starts = starts
+        monitors, control, events, workers = parts.monitors, parts.control, parts.events, parts.workers
+        self._starts = parts.starts
         self._ft_cfg = ft_cfg
         # torch's loop sleeps monitor_interval before each _monitor_workers call; we make that
         # sleep negligible and instead wait in _monitor_workers for the first of: a worker
@@ -147,16 +148,16 @@ class FaultTolerantAgent(LocalElasticAgent):
         # fractional --term-timeout arrives there intact (test_torch_hooks checks). torch < 2.12
         # takes none: _shutdown then gets no timeout and uses --term-timeout (launcher.torch_compat).
         super().__init__(spec=spec, logs_specs=logs_specs, start_method=start_method,
-                         log_line_prefix_template=log_line_prefix_template, **agent_shutdown_kwargs(term_timeout))
-        self._term_timeout = term_timeout
+                         log_line_prefix_template=log_line_prefix_template,
+                         **agent_shutdown_kwargs(stop.term_timeout))
         self._monitors = monitors
-        self._reassert_signal_handlers = reassert_signal_handlers
-        self._stop_signal_delivered = stop_signal_delivered
-        self._helper_pids = helper_pids  # read when used: a helper started again has a new pid
+        self._stopper = WorkerStop(stop, workers, monitors, parts.starts, events)
         self._control = control
         self._events = events
         self._join_check = JoinCheck(ft_cfg, events)
         self._channel = StoreChannel()
+        self._jit_state_dir = state_dir(monitors.run_dir) if ft_cfg.jit_state else None
+        self._jit_resume: state_agreement.Agreement | None = None
         self._failures = CycleFailures(restart_policy, ft_cfg, self._channel, events, workers)
         self._requests = WorkloadRequests(control, self._channel, events)
         self.ending: Decision | None = None
@@ -170,7 +171,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._rendezvous_s: float | None = None
         self._workers = workers
         torch_logs.install(workers)
-        self._cycle_workers = CycleWorkers(monitors, workers, events, ft_cfg, workers_stop_timeout,
+        self._cycle_workers = CycleWorkers(monitors, workers, events, ft_cfg, stop.workers_stop_timeout,
                                            on_ready=self._workers_ready)
         self.stopped_cleanly = True
         """After the last stop: every worker exited 0 within the timeout (True if none ran)."""
@@ -197,7 +198,7 @@ class FaultTolerantAgent(LocalElasticAgent):
     def worker_pids(self) -> list[int]:
         """Pids of the latest cycle's workers: as torch started them and, under warm restarts,
         the forked workers' own."""
-        return sorted({*self._workers.pids, *self._workers.worker_pids.values()})
+        return self._workers.all_pids
 
     def forward_signal(self, sig: signal.Signals, job_wide: bool = False, received_at: float | None = None) -> None:
         """Pass ``sig`` (e.g. SLURM's SIGUSR1 warning) on to the workers that need it from us.
@@ -268,6 +269,11 @@ class FaultTolerantAgent(LocalElasticAgent):
             # names this node if it later sends no view of a failure (rule 4 of launcher.decision.culprit)
             self._channel.publish_member(worker_group.group_rank, self._events.node)
         store_counter.mark(self.cycle + 1)  # the store operations until this round (FT_STORE_COUNTS)
+        # which just-in-time state this round's workers resume from, the same step on every node
+        self._jit_resume = state_agreement.resume_for_round(self._store, worker_group.group_rank or 0,
+                                                            worker_group.group_world_size or 1,
+                                                            self._jit_state_dir, self.cycle + 1,
+                                                            self._ft_cfg.jit_heal_timeout, self._events)
 
     def _assign_worker_ranks(self, store: Any, group_rank: int, group_world_size: int, spec: Any) -> list[Any]:
         # torch's exchange right after the round, bounded; a member that never came is RoundFailed
@@ -279,14 +285,12 @@ class FaultTolerantAgent(LocalElasticAgent):
         """A failed round is a restart like a failed cycle: counted, then the next round; raised
         (the launcher's "rendezvous failed", exit 1) when no restart is left."""
         left = self._remaining_restarts
-        self._events.record_event(RoundFailure(
-            cycle=self.cycle, group_rank=failed.group_rank, group_world_size=failed.world,
-            missing_ranks=failed.missing, waited_s=_round(failed.waited), what=failed.what, restarts_left=left))
+        round_failure.report(self._events, self.cycle, failed, left, worker_group.spec.max_restarts)
         if left <= 0:
             raise failed
-        self._remaining_restarts -= 1
-        logger.warning("%s; restarting (%s/%s restarts left): the next round forms without it", failed, left - 1,
-                       worker_group.spec.max_restarts)
+        # our loop (the retry in _rendezvous), not torch's, restarts here: the restart is spent by us
+        self._steer_torch(Decision(Action.RESTART, str(failed)), RunResult(state=WorkerState.FAILED),
+                          spent_by_torch=False)
         round_failure.forget_missing(worker_group.spec.rdzv_handler, failed)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
@@ -308,26 +312,15 @@ class FaultTolerantAgent(LocalElasticAgent):
                                   template_pid=self._starts.pid)
         self._starts.workers_started(spawned_at)
         since_failure = None if self._last_failure_at is None else spawned_at - self._last_failure_at
-        self._events.record_event(CycleStart(
-            cycle=self.cycle,
-            restart_count=worker_group.spec.max_restarts - self._remaining_restarts,
-            group_rank=worker_group.group_rank,
-            group_world_size=worker_group.group_world_size,
-            ranks={str(w.local_rank): w.global_rank for w in worker_group.workers},
-            worker_pids={str(k): v for k, v in worker_pids.items()},
-            stand_in_pids={str(k): v for k, v in pids.items()} if self._starts.uses_stand_ins else None,
-            rendezvous_s=_round(self._rendezvous_s),
-            spawn_s=_round(spawned_at - self._cycle_began),
-            since_failure_s=_round(since_failure),
-            warm_start=warm_ready,
-            cold_reason=None if warm_ready else self._starts.cold_reason,
-        ))
+        self._events.record_event(cycle_record.cycle_start(
+            self.cycle, worker_group, self._remaining_restarts, pids, worker_pids, self._starts, warm_ready,
+            {"rendezvous_s": self._rendezvous_s, "spawn_s": spawned_at - self._cycle_began,
+             "since_failure_s": since_failure}))
         if not warm_ready and self.cycle > 0 and self._starts.uses_stand_ins:
             logger.info("cycle %s: workers start cold: %s", self.cycle, self._starts.cold_reason)
         self._last_failure_at = None
         logger.info("cycle %s: started workers %s", self.cycle, sorted(worker_pids.values()))
-        if self._reassert_signal_handlers is not None:
-            self._reassert_signal_handlers()
+        self._stopper.reassert_signal_handlers()  # torch's start installed its own
         return pids
 
     def _setup_local_watchdog(self, envs: dict[int, dict[str, str]]) -> None:
@@ -341,6 +334,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             env[FT_CYCLE_ENV_VAR] = str(self.cycle)
             env[FT_RANK_CONFIG_ENV_VAR] = rank_config  # to go on unwatched if the monitor is mute
             env.update(self._starts.worker_env())
+            env.update(state_agreement.worker_env(self._jit_state_dir, self._jit_resume))
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
         self._cycle_began = time.monotonic()
@@ -381,7 +375,15 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._requests.drain(self.cycle)
         self._requests.check_other_nodes(self.cycle)
         if self._requests.current is not None:
-            return self._stop_for_request(worker_group, result)
+            facts = self._failures.at_request(worker_group, self._remaining_restarts, self._requests.current,
+                                              self._requests.cause)
+            decision = decide(facts)
+            if decision.action is not Action.KEEP:
+                return self._stop_for_request(worker_group, result, decision)
+            self._requests.refuse(self.cycle, ReplaceRefused(
+                cycle=self.cycle, reason=decision.reason, nodes=facts.group_world_size,
+                min_nodes=facts.policy.min_nodes, spares_waiting=facts.spares_waiting))
+            # the workers go on: on to their failure or success
         if result.state in _FAILED_STATES:
             return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
@@ -418,10 +420,13 @@ class FaultTolerantAgent(LocalElasticAgent):
             logger.warning("%s", decision.reason)
         return self._steer_torch(decision, RunResult(state=WorkerState.FAILED))
 
-    def _stop_for_request(self, worker_group: WorkerGroup, result: RunResult) -> RunResult:
-        """A workload control request decided the run: the failures or the request's line, then the stop."""
-        decision = decide(self._failures.at_request(worker_group, self._remaining_restarts, self._requests.current,
-                                                    self._requests.cause))
+    def _stop_for_request(self, worker_group: WorkerGroup, result: RunResult,
+                          decision: Decision | None = None) -> RunResult:
+        """A workload control request decided the run: the failures or the request's line, then the stop
+        (``decision``: already taken on the request, else taken here)."""
+        if decision is None:
+            decision = decide(self._failures.at_request(worker_group, self._remaining_restarts,
+                                                        self._requests.current, self._requests.cause))
         if result.state in _FAILED_STATES:
             self._failures.write(self._failures.records(worker_group, result.failures, self.cycle,
                                                         self._cycle_workers.watch, self._cycle_workers.stopped_by_us),
@@ -432,7 +437,7 @@ class FaultTolerantAgent(LocalElasticAgent):
             self._events.outcome_line(self.cycle, decision.cause, decision.reason)
         return self._steer_torch(decision, result)
 
-    def _steer_torch(self, decision: Decision, result: RunResult) -> RunResult:
+    def _steer_torch(self, decision: Decision, result: RunResult, spent_by_torch: bool = True) -> RunResult:
         """Carry ``decision`` out in torch's loop: the one place that steers it.
 
         torch's ``_invoke_run`` acts on what ``_monitor_workers`` returns: HEALTHY keeps it
@@ -441,7 +446,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         the healthy nodes); RESTART and STOP are the failed result (torch's counter tells them
         apart as :func:`decide` did); a decision that ends the run whatever restarts are left
         (leave, repeated failure, shutdown) sets the counter to 0 and becomes :attr:`ending`.
-        The agent's phase follows the decision here.
+        The agent's phase follows the decision here. A restart our own loop makes (a failed
+        round, retried in :meth:`_rendezvous`: ``spent_by_torch`` False) is taken off the counter here.
         """
         action = decision.action
         if action is Action.WAIT:
@@ -449,6 +455,9 @@ class FaultTolerantAgent(LocalElasticAgent):
                 self._enter(AgentPhase.WAITING)
             return RunResult(state=WorkerState.HEALTHY)
         if not action.overrides_restarts:
+            if not spent_by_torch:
+                self._remaining_restarts -= 1
+                return result
             self._enter(AgentPhase.FAILED)
             return result
         self.ending = decision
@@ -461,51 +470,20 @@ class FaultTolerantAgent(LocalElasticAgent):
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         # torch's LocalElasticAgent._stop_workers is `self._shutdown()` with its default 30 s
-        # (test_torch_hooks checks); our stops between cycles take --term-timeout instead.
-        if self._phase is AgentPhase.EXCLUDED:
-            # This node leaves and the others go on: its ranks must take part in no further
-            # collective. A SIGTERM would let a rank's graceful-stop handler (ours, Lightning's)
-            # propose a stop that every rank agrees to, ending the whole job "successfully" (seen
-            # on the cluster with the straggler replace action). SIGKILL makes the peers'
-            # collectives fail at once, so they restart, with a spare in this node's place.
-            logger.info("this node leaves the job: its workers are stopped with SIGKILL (no graceful stop)")
-            self._shutdown(signal.SIGKILL, timeout=0.0)
-            return
-        self._shutdown(timeout=self._term_timeout)
+        # (test_torch_hooks checks); our stops between cycles take --term-timeout instead, or
+        # SIGKILL at once when this node leaves the job (WorkerStop.between_cycles says why).
+        death_sig, timeout = self._stopper.between_cycles(leaving=self._phase is AgentPhase.EXCLUDED)
+        self._shutdown(death_sig, timeout=timeout)
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: float | None = None) -> None:
         """Stop the workers: ``death_sig`` to their process groups, SIGKILL after ``timeout`` s.
 
         torch calls this from its ``run`` with our ``--term-timeout`` (as ``shutdown_timeout``),
         also after a signal to the launcher (``death_sig`` is that signal), and we call it from
-        :meth:`_stop_workers`. torch's own stop path takes whole seconds, so the wait itself is
-        ours (:meth:`launcher.node.processes.WorkerProcesses.terminate`, exact to the fraction);
-        torch's ``_shutdown`` then finds the workers gone and only releases its resources (given
-        the timeout rounded up, in case a worker started after our pid list). When the workers
-        got ``death_sig`` themselves (sent to the whole job), it is not sent again: they only get
-        their ``timeout``, warm and cold alike. :attr:`stopped_cleanly` tells how it ended.
-        No ``timeout`` (torch < 2.12 calls it without one) means ``--term-timeout``.
+        :meth:`_stop_workers`. The wait to the fraction of a second, a stop signal the workers
+        got themselves not sent again, torch's own ``_shutdown`` and the leftovers are
+        :meth:`launcher.node.worker_stop.WorkerStop.stop`'s; :attr:`stopped_cleanly` tells how
+        it ended. No ``timeout`` (torch < 2.12 calls it without one) means ``--term-timeout``.
         """
-        if timeout is None:
-            timeout = self._term_timeout
-        if self._reassert_signal_handlers is not None:
-            self._reassert_signal_handlers()  # torch's own handlers would raise on a second signal
-        delivered = self._stop_signal_delivered(death_sig) if self._stop_signal_delivered is not None else False
-        killed = self._workers.terminate(self._workers.pids, timeout, death_sig, already_signalled=delivered)
-        statuses = self._workers.exit_statuses()
-        self.stopped_cleanly = not killed and all(status == 0 for status in statuses.values())
-        super()._shutdown(death_sig, **torch_shutdown_kwargs(timeout))
-        self._workers.close()
-        self._reap_leftovers()
+        self.stopped_cleanly = self._stopper.stop(super()._shutdown, death_sig, timeout, self.cycle)
 
-    def _reap_leftovers(self) -> None:
-        """Kill what workers left behind: their process groups and re-parented orphans."""
-        killed = processes.kill_leftovers(worker_pids=self.worker_pids, keep=set(self._monitors.pids()),
-                                          keep_alone={self._starts.pid, *self._helper_pids} - {None})
-        if killed:
-            logger.warning("killed %s process(es) left behind by workers: %s", len(killed), sorted(killed))
-            self._events.record_event(LeftoversKilled(cycle=self.cycle, pids=sorted(killed)))
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)

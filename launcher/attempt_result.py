@@ -33,7 +33,7 @@ def check_result_path(path: str) -> str | None:
 
 
 def write_result(path: str, exit_code: int, outcome: str, root_nodes: Sequence[str],
-                 fingerprint: tuple[str, str] | None = None) -> bool:
+                 fingerprint: tuple[str, str] | None = None, lost_nodes: Sequence[str] = ()) -> bool:
     """Write the result file atomically; False (and a warning) if it could not be written.
 
     Args:
@@ -45,14 +45,19 @@ def write_result(path: str, exit_code: int, outcome: str, root_nodes: Sequence[s
         fingerprint: ``(digest, text)`` of the last failed cycle's root failure
             (:mod:`launcher.decision.crash_loop`), written as ``fingerprint=`` and ``fingerprint_text=``
             (one line, printable, at most 200 characters); None: both empty.
+        lost_nodes: Host names the records named as a lost root (a node that sent no report of a
+            failure) in any cycle, also when the run went on without it and succeeded: written as
+            ``lost_nodes=`` so that the loop's node history keeps the node an elastic job lost.
     """
     def _one_line(text: str) -> str:
         return "".join(c if c.isprintable() else " " for c in " ".join(str(text).split()))[:200]
 
     nodes = [node for node in root_nodes if _HOST_NAME.fullmatch(node)][:MAX_ROOT_NODES]
+    lost = [node for node in lost_nodes if _HOST_NAME.fullmatch(node)][:MAX_ROOT_NODES]
     text = (f"exit_code={int(exit_code)}\n"
             f"outcome={' '.join(str(outcome).split())[:200]}\n"
             f"root_nodes={','.join(nodes)}\n"
+            f"lost_nodes={','.join(lost)}\n"
             f"fingerprint={_one_line(fingerprint[0]) if fingerprint else ''}\n"
             f"fingerprint_text={_one_line(fingerprint[1]) if fingerprint else ''}\n")
     try:

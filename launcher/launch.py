@@ -41,7 +41,7 @@ from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.env import AUTORESUME_ATTEMPT_ENV_VAR, FAULT_TOL_FINISHED_FLAG_FILE_ENV_VAR, FT_LAUNCHER_RUN_ENV_VAR
 from ft_core.wire.osutil import STEP_SIGNALS, set_child_subreaper, set_parent_death_signal
 from launcher import exit_codes
-from launcher.agent import FaultTolerantAgent
+from launcher.agent import FaultTolerantAgent, NodeParts
 from launcher.attempt_result import write_result
 from launcher.decision.decide import OUTCOME_REPEATED, Action
 from launcher.decision.restart_policy import RestartPolicy
@@ -66,6 +66,7 @@ from launcher.node.environment import RunEnvironment, set_up_environment
 from launcher.node.monitors import MonitorPool
 from launcher.node.sentinel import HelperPids, Sentinel
 from launcher.node.signals import JOB_WIDE_WINDOW, SignalHandling
+from launcher.node.worker_stop import StopSettings
 from launcher.options import LauncherOptions, config_sources
 from launcher.rendezvous import master_port, membership, store_counter
 from launcher.rendezvous import plugin as rendezvous_plugin
@@ -285,13 +286,12 @@ class LauncherRun:
         events.record_event(MonitorsStarted(monitor_pids=monitors.pids()))
         self._agent = FaultTolerantAgent(
             spec, config.logs_specs, ft_cfg=self._ft_cfg,
-            monitors=monitors, control=control, events=events,
             restart_policy=RestartPolicy(self._ft_cfg.restart_policy, config.min_nodes),
+            parts=NodeParts(monitors=monitors, control=control, events=events, starts=starts, workers=workers),
+            stop=StopSettings(term_timeout=term_timeout, workers_stop_timeout=options.workers_stop_timeout,
+                              reassert_signal_handlers=signals.reinstall,
+                              stop_signal_delivered=signals.stop_delivered, helper_pids=self._helpers),
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
-            term_timeout=term_timeout, reassert_signal_handlers=signals.reinstall,
-            stop_signal_delivered=signals.stop_delivered, starts=starts, workers=workers,
-            helper_pids=self._helpers,
-            workers_stop_timeout=options.workers_stop_timeout,
         )
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
         return self._agent, rdzv_handler, watchdog
@@ -474,7 +474,8 @@ class LauncherRun:
             roots = self._events.last_cycle_root_nodes() if failed else []
             last = self._agent.last_fingerprint if self._agent is not None else None
             write_result(self._result_file, result.exit_code, result.outcome, roots,
-                         (last.digest, last.describe()) if last is not None else None)
+                         (last.digest, last.describe()) if last is not None else None,
+                         lost_nodes=self._events.lost_root_nodes())
         if summary:
             self._events.summary()
         self._sentinel.finish()

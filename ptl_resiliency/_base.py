@@ -101,6 +101,7 @@ class _FaultToleranceCallbackBase(Callback):
         self._stop = LightningGracefulStop(owner, session, log)
         self._run = FitSession(session, self._driver, TimeoutsUpdater(session, self._driver.calculate, log),
                                FinishedFlag(owner, log), self._stop, log, on_failure)
+        self._jit = self._run.jit
 
     # ------------------------------------------------------------------ public state
 
@@ -165,6 +166,8 @@ class _FaultToleranceCallbackBase(Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Log the cycle and the timeouts in force to the Trainer's logger (step restored by now);
-        install the graceful stop's signal handlers (Lightning installed its own just before)."""
+        install the graceful stop's signal handlers (Lightning installed its own just before); track
+        the state for just-in-time saves."""
         self._run.log_metrics()
         self._stop.install(trainer)
+        self._run.train_started(trainer)

@@ -5,15 +5,17 @@
 launcher's environment, reads the finished flag's path, connects a
 :class:`~ft_core.RankMonitorClient`, restores timeouts saved by an earlier run, checks that hang
 detection can work, arms a simulated fault, hooks checkpoint saving and arms the graceful stop,
-in the session's order. :meth:`FitSession.finish` (``teardown`` of a run that ended normally, or
-``on_exception`` of one that did not) sends the driver's last report, updates timeouts when that
-is safe, creates the finished flag when training is complete, and closes the session (which
-undoes the set-up in reverse).
+in the session's order, and arms the restore of a just-in-time state. :meth:`FitSession.finish`
+(``teardown`` of a run that ended normally, or ``on_exception`` of one that did not) sends the
+driver's last report, updates timeouts when that is safe, creates the finished flag when training
+is complete, and closes the session (which undoes the set-up in reverse).
 
 The parts it runs are the callback's, each with one concern: the driver (heartbeats or sections,
 :mod:`ptl_resiliency._drivers`), the :class:`~ptl_resiliency._timeouts_updater.TimeoutsUpdater`,
 the :class:`~ptl_resiliency._finished_flag.FinishedFlag` and the
-:class:`~ptl_resiliency._graceful_stop.LightningGracefulStop`. The order of set-up and tear-down
+:class:`~ptl_resiliency._graceful_stop.LightningGracefulStop` and the just-in-time state
+(:class:`~ptl_resiliency._jit.LightningJit`: attached at ``on_train_start``, saved by
+:meth:`FitSession.failed` before anything else, released with the session). The order of set-up and tear-down
 is :mod:`ft_core.client.session`'s, the same as :mod:`ft_core.client.integration`'s.
 
 Where collectives happen (through the strategy, :class:`~ptl_resiliency._collectives.StrategyCollectives`):
@@ -26,6 +28,7 @@ job: the other ranks may not be there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, Optional, Union
@@ -48,6 +51,7 @@ from ptl_resiliency._collectives import StrategyCollectives
 from ptl_resiliency._drivers import HeartbeatDriver, SectionsDriver
 from ptl_resiliency._finished_flag import FinishedFlag
 from ptl_resiliency._graceful_stop import LightningGracefulStop
+from ptl_resiliency._jit import LightningJit
 from ptl_resiliency._lightning import TrainerFn, pl
 from ptl_resiliency._metrics import MetricsLogger
 from ptl_resiliency._timeouts_updater import TimeoutsUpdater
@@ -69,10 +73,12 @@ class FitSession:
         log: The callback's logger.
         on_failure: Called with the exception of a failed ``fit`` run (not a clean exit or a
             graceful stop), before the tear-down; what it raises is logged, never raised.
+        jit: The just-in-time state part (a new one if None).
     """
 
     def __init__(self, session: FrontEndSession, driver: Driver, updater: TimeoutsUpdater, flag: FinishedFlag,
-                 stop: LightningGracefulStop, log: RankLoggerAdapter, on_failure: Optional[OnFailure] = None) -> None:
+                 stop: LightningGracefulStop, log: RankLoggerAdapter, on_failure: Optional[OnFailure] = None,
+                 jit: Optional[LightningJit] = None) -> None:
         self._session = session
         self._driver = driver
         self._updater = updater
@@ -80,6 +86,7 @@ class FitSession:
         self._stop = stop
         self._log = log
         self._on_failure = on_failure
+        self.jit = jit if jit is not None else LightningJit(log)
         self._calculate_timeouts = False  # this run's argument, read at open()
         self._ckpt_hooks: Optional[CheckpointHooks] = None
         self._metrics: Optional[MetricsLogger] = None
@@ -148,6 +155,8 @@ class FitSession:
         session.hold("checkpoint hooks", self._unhook)
         self._ckpt_hooks.install(trainer)
         self._metrics = MetricsLogger(trainer, self._log, sections=self._driver.part == PART_SECTIONS)
+        session.hold("just-in-time state", self.jit.close)
+        self.jit.open(trainer, session.collectives)  # before Lightning restores a checkpoint
         self._driver.started(client)
         self._stop.arm(callback.graceful_stop)
         session.started(
@@ -162,6 +171,19 @@ class FitSession:
             hooks.uninstall()
 
     # ------------------------------------------------------------------ while running
+
+    def train_started(self, trainer: pl.Trainer) -> None:
+        """Training starts (state restored): track the state for just-in-time saves; never raises."""
+        if self._session.client is None:
+            return
+        try:
+            self.jit.train_started(trainer)
+        except Exception:  # a feature that helps after failures must not cause one
+            self._log.exception("fault tolerance: just-in-time state is off for this run")
+        # where this run resumed from, for ft_report's steps redone (once per fit; fail-open)
+        source = "jit" if self.jit.restored is not None else "checkpoint" if trainer.ckpt_path else "scratch"
+        with contextlib.suppress(Exception):
+            self._session.client.report_resumed(int(trainer.global_step), source)
 
     def log_metrics(self, save: bool = False) -> None:
         """Log what changed of the cycle and the timeouts in force; never raises."""
@@ -199,6 +221,11 @@ class FitSession:
         clean = is_clean_exit(exception)
         stopped = is_graceful_stop(exception)
         if not clean and not stopped and trainer.state.fn == TrainerFn.FITTING:
+            # First: the launcher waits for this save (bounded) before it stops the survivors.
+            try:
+                self.jit.save_on_failure()
+            except Exception:  # never hide the user's exception
+                self._log.exception("fault tolerance: the just-in-time state save failed")
             # The launcher's failure line shows the exception; a setup error that every restart
             # would hit again stops the job instead of burning the allocation.
             record_error_for_launcher(exception, self._log)

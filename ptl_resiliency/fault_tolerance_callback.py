@@ -78,6 +78,7 @@ class FaultToleranceCallback(_FaultToleranceCallbackBase):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Heartbeat after every training batch; the graceful stop's check."""
+        self._jit.batch_ended()  # first: the step is counted, a copy of the state is consistent again
         if self._heartbeats.train_batch_ended(trainer):  # a collective at the graceful stop's agreed steps
             self._stop.stop_now(trainer)
 

@@ -116,6 +116,7 @@ class FaultToleranceSectionsCallback(_FaultToleranceCallbackBase):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Close ``step``; the graceful stop's check (a collective at the agreed check steps)."""
+        self._jit.batch_ended()  # first: the step is counted, a copy of the state is consistent again
         if self._sections.train_batch_ended(trainer):
             self._stop.stop_now(trainer)
 

@@ -58,7 +58,9 @@ class StragglerDetectionCallback(Callback):
         min_samples: Ours: samples a rank needs in an interval to be scored (default 8).
         action: Ours: ``"report"`` (default), ``"stop"`` (same as ``stop_if_detected=True``) or
             ``"replace"``: a node flagged in ``replace_after`` reports in a row leaves the job
-            right after the next checkpoint is saved (its ranks send ``ExcludeThisNode``).
+            right after the next checkpoint is saved (its ranks send ``ExcludeThisNode``), when
+            the job can go on without it (a spare waits, or ``--nnodes`` MIN allows one node
+            fewer); otherwise ``ft_launcher`` keeps it, says why, and training goes on.
         replace_after: Ours: K for ``action="replace"`` (default 3).
         node_name: Ours: this node's name in reports and events (default: the host name), as the
             reference's ``Detector.initialize(node_name=...)``.

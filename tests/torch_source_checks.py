@@ -121,7 +121,8 @@ LAUNCH_AGENT_CALLS = {
 }
 """Every call torch's ``launch_agent`` makes in any supported release (a release may make fewer)."""
 LOCAL_ELASTIC_AGENT_ARGS_LEFT_OUT = {"health_check_server": "the early health check server is not rebuilt"}
-OUR_AGENT_ARG_NAMES = {"shutdown_timeout": "term_timeout"}  # LocalElasticAgent's name -> FaultTolerantAgent's
+OUR_AGENT_ARG_NAMES = {"shutdown_timeout": "stop"}  # LocalElasticAgent's name -> FaultTolerantAgent's
+"""torch's ``shutdown_timeout`` is ``StopSettings.term_timeout`` (``--term-timeout``), in the agent's ``stop``."""
 
 LAUNCH_CONFIG_FIELDS_READ = {
     "role", "nproc_per_node", "max_restarts", "monitor_interval", "local_addr", "event_log_handler",
@@ -755,7 +756,7 @@ def check_rendezvous_poll(src: TorchSource) -> Iterator[str]:
 
 
 MEMBERSHIP_HANDLER_ATTRIBUTES = {
-    "_state_holder": "the shared rendezvous state (participants, wait list) is read from it",
+    "_state_holder": "the shared rendezvous state (participants, wait list, redundancy list) is read from it",
     "_settings": "settings.min_nodes / max_nodes: whether a new node may join the round now",
     "_heartbeat_lock": "held while the state is read (torch holds it while it syncs the state)",
 }
@@ -780,7 +781,7 @@ def check_membership(src: TorchSource) -> Iterator[str]:
         yield ("DynamicRendezvousHandler.num_nodes_waiting no longer counts state.wait_list "
                "(launcher/rendezvous/membership.py refines that count)")
     state_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "_RendezvousState"))
-    for name in ("participants", "wait_list"):
+    for name in ("participants", "wait_list", "redundancy_list"):
         if name not in state_fields:
             yield f"_RendezvousState has no {name} (launcher/rendezvous/membership.py reads it)"
     settings_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings"))

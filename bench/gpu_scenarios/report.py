@@ -154,7 +154,8 @@ def doc_section(document: Mapping[str, Any] | None) -> list[str]:
              "`PYTHONPATH` and runs `python -m launcher` as `ft_launcher`; `GPU_CHECK_ARGS='--only nccl_hang "
              "--keep'` runs one scenario and keeps its logs. Without CUDA it prints one line and exits 0, every "
              "scenario skipped; "
-             "`make gpu-check GPU_CHECK_ARGS=--record` also writes it here (and to `bench/gpu_check_last.json`). "
+             "`make gpu-check GPU_CHECK_ARGS=--record` also writes it here (and its JSON to "
+             "`gpu_check_last.json` beside the bench scripts). "
              "Where the machine has one GPU, a scenario that needs two ranks on NCCL runs only if NCCL accepts "
              "two ranks on one device (the check tries it first; NCCL refuses that: \"Duplicate GPU "
              "detected\"), else it is skipped with that reason. What each scenario proves:", ""]

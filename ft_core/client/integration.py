@@ -70,12 +70,14 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
+from ft_core.client import plain_state
 from ft_core.client.collectives import Collectives, default_collectives, rank_and_world_size
 from ft_core.client.front_end import require_bool, require_path
 from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
+from ft_core.client.plain_state import track_state
 from ft_core.client.policy_actions import apply_change, training_step_ended, update_section_timeouts
 from ft_core.client.rank_monitor_client import RankMonitorClient
 from ft_core.client.ranklog import RankLoggerAdapter
@@ -106,7 +108,7 @@ __all__ = [
     "get_integration", "get_rank_monitor_client", "is_initialized", "maybe_setup_simulated_fault",
     "on_checkpoint_loaded", "on_checkpointing_end", "on_checkpointing_start", "on_eval_step_end",
     "on_eval_step_start", "on_training_step_end", "on_training_step_start", "setup", "should_stop", "shutdown",
-    "straggler_detection",
+    "straggler_detection", "track_state", "load_jit_state",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -128,6 +130,7 @@ class FaultToleranceIntegration:
         self._session = FrontEndSession(self._log, PART_SECTIONS)  # the connection, set up in order
         self._policy = SectionsPolicy(calculate_timeouts=False)
         self._step: Optional[int] = None  # the step last passed to on_training_step_start
+        self._resumed: Optional[tuple[int, str]] = None  # a restore reported before setup connected
 
     # ------------------------------------------------------------------ public state
 
@@ -222,6 +225,8 @@ class FaultToleranceIntegration:
                     "ft_core.client.integration", c.section_timeouts.section, c.section_timeouts.out_of_section,
                     calculate_timeouts, initial_heartbeat=c.hb_timeouts.initial))
                 apply_change(client, self._policy.setup_started())
+                if self._resumed is not None:
+                    client.report_resumed(*self._resumed)
                 stop_text = self._install_graceful_stop(session.arm_graceful_stop(stop_config))
                 session.started("ft_core.client.integration set up: timeouts file %s (calculate_timeouts=%s, "
                                 "warm-up iterations %s, graceful stop %s)", path, calculate_timeouts,
@@ -357,15 +362,29 @@ class FaultToleranceIntegration:
         except Exception:  # bookkeeping must never fail the checkpoint that was just saved
             self._log.exception("fault tolerance: timeouts update after a checkpoint failed")
 
-    def on_checkpoint_loaded(self, is_local_chkpt: bool) -> None:
+    def on_checkpoint_loaded(self, is_local_chkpt: bool, step: Optional[int] = None) -> None:
         """A checkpoint was loaded; a persistent one makes ``setup`` timeouts calculable.
 
         Args:
             is_local_chkpt: True for a local (node-private, non-persistent) checkpoint, whose
                 load time says little about a load from persistent storage.
+            step: The completed step the checkpoint holds (an extension): the launcher then records
+                where the restart resumed from, and ``ft_report`` shows the steps redone.
         """
         if self._session.client is not None:
             self._policy.checkpoint_loaded(persistent=not is_local_chkpt)
+        if step is not None:
+            self.report_resumed(step, "checkpoint")
+
+    def report_resumed(self, step: int, source: str) -> None:
+        """Tell the launcher where this rank's training resumed from (see
+        :meth:`~ft_core.RankMonitorClient.report_resumed`); before :meth:`setup` the report is
+        kept and sent once setup connected."""
+        client = self._session.client
+        if client is None:
+            self._resumed = (step, source)
+            return
+        client.report_resumed(step, source)
 
     # ------------------------------------------------------------------ simulated faults
 
@@ -510,9 +529,19 @@ def on_checkpointing_end(is_async_finalization: bool) -> None:
     _default.on_checkpointing_end(is_async_finalization)
 
 
-def on_checkpoint_loaded(is_local_chkpt: bool) -> None:
+def on_checkpoint_loaded(is_local_chkpt: bool, step: Optional[int] = None) -> None:
     """See :meth:`FaultToleranceIntegration.on_checkpoint_loaded`."""
-    _default.on_checkpoint_loaded(is_local_chkpt)
+    _default.on_checkpoint_loaded(is_local_chkpt, step)
+
+
+def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = None,
+                   load_extra: Optional[Callable[[dict[str, Any]], None]] = None) -> Optional[int]:
+    """See :func:`ft_core.client.plain_state.load_jit_state`; a restored state is also reported to
+    the launcher (where the restart resumed from: ``ft_report``'s steps redone)."""
+    step = plain_state.load_jit_state(model, optimizer, newer_than=newer_than, load_extra=load_extra)
+    if step is not None:
+        _default.report_resumed(step, "jit")
+    return step
 
 
 def shutdown(update_timeouts: bool = True) -> None:

@@ -52,7 +52,7 @@ from ft_core.client.timeout_bounds import (
     section_derivations,
 )
 from ft_core.client.timeouts_calc import TimeoutsCalc
-from ft_core.wire import protocol
+from ft_core.wire import messages, protocol
 from ft_core.wire.config import FaultToleranceConfig
 from ft_core.wire.data import HeartbeatTimeouts, SectionAction, SectionTimeouts, WorkloadControlRequest
 from ft_core.wire.env import FT_LAUNCHER_IPC_SOCKET_ENV_VAR, FT_RANK_MONITOR_IPC_SOCKET_ENV_VAR
@@ -115,6 +115,7 @@ class RankMonitorClient:
         self._section_offsets: dict[str, int] = {}  # byte offset in the slot, set while initialised
         self._loaded_state: client_state.LoadedState | None = None
         self._state_source: str | None = None  # where the loaded state came from, for log lines
+        self._resumed: dict[str, Any] | None = None  # report_resumed before init: sent at init
         self._next_liveness_check = 0.0
         self._first_use_checked = False
         self._log = rank_logger(__name__)
@@ -197,6 +198,39 @@ class RankMonitorClient:
                                       configured=configured["section"]),
             hint,
         )
+        if self._resumed is not None:
+            resumed, self._resumed = self._resumed, None
+            with contextlib.suppress(RankMonitorClientError):  # an older monitor: the report is only missing
+                self._request(resumed)
+
+    def report_resumed(self, step: int, source: str) -> None:
+        """Tell the launcher, once after a restore, where this rank's training resumed from.
+
+        The launcher records it (a ``resumed`` record) and ``ft_report`` sets it against the step
+        the failure happened at: the steps redone. Called by the training script's restore path
+        (after it restored a just-in-time state, a checkpoint, or nothing); before
+        ``init_workload_monitoring`` the report waits and is sent at init. Never raises because the
+        monitor is gone (fail-open, as the other calls).
+
+        Args:
+            step: The completed step the restored state holds (training continues with the
+                next one); 0 for a start from scratch.
+            source: ``jit`` (the survivors' just-in-time state), ``checkpoint`` (a periodic
+                checkpoint) or ``scratch``.
+
+        Raises:
+            RankMonitorClientError: ``step`` is not an int >= 0 or ``source`` not one of those.
+        """
+        try:
+            step, source = messages.resumed_fields({"step": step, "source": source})
+        except ValueError as err:
+            raise RankMonitorClientError(f"report_resumed: {err}") from None
+        message = {"type": protocol.MSG_RESUMED, "step": step, "source": source}
+        if not self.is_initialized:
+            self._resumed = message
+            return
+        with contextlib.suppress(RankMonitorClientError):  # an older monitor: the report is only missing
+            self._request(message)
 
     def shutdown_workload_monitoring(self, *, clean_end: bool = False, stop_step: Optional[int] = None,
                                      stop_run_steps: Optional[int] = None,

@@ -29,6 +29,7 @@ with :meth:`RankMonitorServer.run`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -42,6 +43,7 @@ from ft_core.monitor import deadlines
 from ft_core.monitor.message_server import Connection, MessageServer
 from ft_core.monitor.process import MONITOR_READY_TIMEOUT, MonitorProcess
 from ft_core.monitor.session import RankSession
+from ft_core.monitor.state_relay import STATE_ROLE, StateRelay
 from ft_core.monitor.termination import Escalations, signal_rank
 from ft_core.wire import messages, protocol, stacks
 from ft_core.wire.config import FaultToleranceConfig, Role
@@ -103,6 +105,7 @@ class RankMonitorServer:
             max_connections=MAX_PENDING_CONNECTIONS, send_timeout=SEND_TIMEOUT,
         )
         self._session: RankSession | None = None
+        self._state = StateRelay(self._io, cfg.jit_state_timeout)  # just-in-time state (docs/jit-state.md)
         self._launcher: Connection | None = None
         self._worker_pid: int | None = None
         self._stop_reason: str | None = None
@@ -253,8 +256,12 @@ class RankMonitorServer:
             for conn in self._io.connections():
                 if conn.role == "pending":
                     wake_at = min(wake_at, conn.accepted_at + HANDSHAKE_TIMEOUT)
+            save_due = self._state.due()
+            if save_due is not None:
+                wake_at = min(wake_at, save_due)
             self._io.poll(max(0.0, wake_at - now))
             planned_wake, now = max(now, wake_at), time.monotonic()
+            self._state.expire(now)
             self._resume_after_suspension(planned_wake, now)
             if now >= next_housekeeping:
                 self._housekeeping(now)
@@ -284,14 +291,21 @@ class RankMonitorServer:
                 self._start_session(conn, message)
             elif kind == protocol.MSG_LAUNCHER_HELLO:
                 self._attach_launcher(conn)
+            elif kind == protocol.MSG_STATE_CHANNEL:
+                refusal = self._state.attach(conn, message, self._session.pid if self._session else None)
+                if refusal is not None:
+                    self._refuse(conn, refusal)
             else:
                 raise ProtocolError(f"unexpected first message {kind!r}")
         elif conn.role == _RANK:
             self._handle_rank_message(conn, message)
         elif conn.role == _LAUNCHER:
             self._handle_launcher_message(message)
+        elif conn.role == STATE_ROLE:
+            self._state.on_message(conn, message)
 
     def _on_close(self, conn: Connection, reason: Optional[str]) -> None:
+        self._state.on_close(conn)
         if self._session is not None and self._session.conn is conn:
             self._end_session(reason or "connection dropped")
         if self._launcher is conn:
@@ -333,6 +347,12 @@ class RankMonitorServer:
         elif kind == protocol.MSG_CAPTURE_STACKS:
             reason = str(message.get("reason") or "requested by the launcher")[:200]
             self._notify_launcher(self._capture_for_launcher(reason))
+        elif kind == protocol.MSG_SAVE_STATE:
+            cycle = message.get("cycle")
+            session = self._session
+            self._state.ask(cycle if isinstance(cycle, int) else self._cycle,
+                            str(message.get("reason") or "another rank failed")[:200], self._notify_launcher,
+                            stopped=session is not None and session.progress().stopped)
         else:
             raise ProtocolError(f"unexpected launcher message {kind!r}")
 
@@ -340,7 +360,8 @@ class RankMonitorServer:
         """The ``progress_report`` answer: the attached rank, else the last one that detached."""
         session = self._session
         if session is not None:
-            return messages.ProgressReport(**session.identity(), connected=True, progress=session.progress())
+            return messages.ProgressReport(**session.identity(), connected=True, progress=session.progress(),
+                                           state_bytes=self._state.approx_bytes if self._state.open else None)
         if self._last_report is not None:
             return self._last_report
         return messages.ProgressReport()
@@ -417,6 +438,7 @@ class RankMonitorServer:
             session.close()
             return
         self._session = session
+        self._state.identity = {k: session.identity()[k] for k in ("rank", "local_rank")}
         logger.debug("attached %s", session.describe())
         self._notify_launcher(messages.RankConnected(pid=session.pid, **session.info))
 
@@ -451,7 +473,11 @@ class RankMonitorServer:
             self._end_session("rank ended its training" if finished else "rank shut down monitoring")
             return
         try:
-            session.apply_update(message)
+            if message["type"] == protocol.MSG_RESUMED:  # where it resumed from: relayed to the launcher
+                step, source = messages.resumed_fields(message)
+                self._notify_launcher(messages.RankResumed(**session.identity(), step=step, source=source))
+            else:
+                session.apply_update(message)
         except ValueError as err:  # ConfigError from the timeout validator included
             self._io.send(conn, {"type": protocol.MSG_ERROR, "error": str(err)})
             return
@@ -506,11 +532,26 @@ class RankMonitorServer:
         captured = self._capture(session, hang.cause)
         hang = messages.with_stacks(hang, captured)
         where = stacks.innermost_user_frame(captured.stack_frames) or (captured.stack_frames or [None])[0]
+        save = self._state.open and not (hang.progress is not None and hang.progress.stopped)
+        if save:
+            # Its state first (a rank blocked in a collective holds a consistent one): the
+            # launcher waits that much longer before it kills the rank itself.
+            hang = dataclasses.replace(hang, save_timeout=round(self._state.timeout(), 3))
         logger.error(
-            "%s on node %s: %s%s; sending SIGCONT then %s",
-            session.describe(), self.hostname, hang.cause, f" (at {where})" if where else "", sig.name,
+            "%s on node %s: %s%s; %ssending SIGCONT then %s",
+            session.describe(), self.hostname, hang.cause, f" (at {where})" if where else "",
+            "asking it to save its state, then " if save else "", sig.name,
         )
         self._notify_launcher(hang)
+        if save:
+            self._state.ask(self._cycle, hang.cause, lambda _reply: self._signal_hung(session))
+        else:
+            self._signal_hung(session)
+
+    def _signal_hung(self, session: RankSession) -> None:
+        sig = self.cfg.rank_termination_signal
+        if not pid_alive(session.pid):
+            return
         group = signal_rank(session.pid, sig, self._worker_pid)
         if sig != signal.SIGKILL:
             self._escalations.start(session.pid, group, session.identity(), time.monotonic())

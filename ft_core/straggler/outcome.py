@@ -196,10 +196,15 @@ class ReportHandler:
 
 
 def request_node_exclusion(reason: str, logger: Optional[logging.Logger] = None) -> bool:
-    """Ask this node's ``ft_launcher`` to leave the job (``ExcludeThisNode``); never raises.
+    """Ask this node's ``ft_launcher`` to replace this node (``ExcludeThisNode``, only if the job
+    can go on without it); never raises.
+
+    The launcher decides: it knows the rendezvous (a spare waiting, ``--nnodes`` MIN). When the
+    job cannot go on without this node, it keeps the node, says why, and the ranks train on; the
+    rank itself never stops for it.
 
     Returns:
-        True when the launcher acknowledged the request.
+        True when the launcher acknowledged the request (it was received, not necessarily granted).
     """
     logger = logger or log
     from ft_core.client.rank_monitor_client import RankMonitorClient
@@ -212,11 +217,12 @@ def request_node_exclusion(reason: str, logger: Optional[logging.Logger] = None)
         return False
     try:
         RankMonitorClient().send_workload_control_request(
-            WorkloadControlRequest(WorkloadAction.ExcludeThisNode, reason))
+            WorkloadControlRequest(WorkloadAction.ExcludeThisNode, reason, only_if_replaceable=True))
     except RankMonitorClientError as err:
         logger.error("straggler detection: ExcludeThisNode request failed: %s", err)
         return False
-    logger.warning("straggler detection: asked ft_launcher to take this node out of the job (%s)", reason)
+    logger.warning("straggler detection: asked ft_launcher to replace this node (%s); it does when a spare node "
+                   "waits or --nnodes MIN allows one node fewer, else training goes on", reason)
     return True
 
 

@@ -41,6 +41,7 @@ from ft_core.wire.config_values import (
     ConfigError,
     dump_log_level,
     number_bounds,
+    parse_bool,
     parse_choice,
     parse_command,
     parse_count,
@@ -171,6 +172,9 @@ def _seconds_field(
 
 def _spec(f: Field) -> FieldSpec:
     return f.metadata[_SPEC]
+
+
+MAX_JIT_HEAL_TIMEOUT = 3600.0
 
 
 @dataclass
@@ -348,6 +352,33 @@ class FaultToleranceConfig:
         lambda name, value: parse_seconds_or_off(name, value, maximum=MAX_STACK_CAPTURE_BUDGET),
         seconds_or_off_bounds(MAX_STACK_CAPTURE_BUDGET),
         frozenset({Role.MONITOR, Role.LAUNCHER}),
+        metavar="SECONDS",
+    ))
+    jit_state: bool = _declare(True, FieldSpec(
+        "Just-in-time state (docs/jit-state.md): when a rank fails, one surviving rank per node saves "
+        "the full training state of its last completed step before the survivors are stopped, and the "
+        "restarted workers resume from it instead of the last periodic checkpoint. Needs a replicated "
+        "job (DDP); costs nothing until a failure. false turns it off.",
+        parse_bool,
+        "true or false",
+        frozenset({Role.LAUNCHER}),
+        metavar="BOOL",
+    ))
+    jit_state_timeout: Optional[float] = _seconds_field(
+        None, "Longest wait for a just-in-time save after a failure before the survivors are stopped "
+        "anyway (the periodic checkpoint is used then). null: 10 s plus 1 s per 100 MB of the state.",
+        {Role.MONITOR, Role.LAUNCHER}, maximum=3600.0,
+    )
+    jit_heal_timeout: Optional[float] = _declare(None, FieldSpec(
+        "Longest transfer of the newest just-in-time state to a node that lacks it, from a node "
+        "that holds it, through the rendezvous store after a restart's rendezvous (docs/jit-state.md, "
+        "healing). null: 10 s plus 1 s per 10 MB of the state; 0 turns healing off (every node then "
+        "resumes from the newest state every node can read).",
+        lambda name, value: None if value is None or (isinstance(value, str) and value.strip().lower() in
+                                                        ("null", "none", "~")) else
+        parse_seconds_or_off(name, value, maximum=MAX_JIT_HEAL_TIMEOUT),
+        "null (sized from the state) or " + seconds_or_off_bounds(MAX_JIT_HEAL_TIMEOUT),
+        frozenset({Role.LAUNCHER}),
         metavar="SECONDS",
     ))
 

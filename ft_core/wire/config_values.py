@@ -169,6 +169,22 @@ def parse_directories(field_name: str, value: Any) -> Optional[list[str]]:
     return list(items)
 
 
+def parse_bool(field_name: str, value: Any) -> bool:
+    """A switch: ``true``/``false`` (also ``1``/``0``, ``yes``/``no``, ``on``/``off``) or a bool.
+
+    Raises:
+        ConfigError: Anything else.
+    """
+    if isinstance(value, bool):
+        return value
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(f"{field_name} must be true or false, got {short_repr(value)}")
+
+
 def parse_choice(field_name: str, value: Any, choices: tuple[str, ...]) -> str:
     text = value.strip() if isinstance(value, str) else value
     if not isinstance(text, str) or text not in choices:

@@ -161,10 +161,16 @@ class WorkloadControlRequest:
     Attributes:
         action: The requested :class:`WorkloadAction`.
         description: Why; shown in the launcher's log and event record.
+        only_if_replaceable: Ours, for ``ExcludeThisNode``: leave only when the job can go on
+            without this node (a spare node waits to take its place, or ``--nnodes`` MIN allows
+            one node fewer); otherwise the launcher keeps the node, says once why, and training
+            goes on. The straggler detector's ``"replace"`` action sets it: a slow node is worth
+            replacing, not worth ending the job for.
     """
 
     action: WorkloadAction
     description: str = ""
+    only_if_replaceable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.action, WorkloadAction):
@@ -174,9 +180,15 @@ class WorkloadControlRequest:
             )
         if not isinstance(self.description, str):
             raise TypeError(f"description must be a string, got {self.description!r}")
+        if not isinstance(self.only_if_replaceable, bool):
+            raise TypeError(f"only_if_replaceable must be True or False, got {self.only_if_replaceable!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"action": self.action.value, "description": self.description}
+        # the key only when set: an older launcher reads the plain request it knows
+        out: dict[str, Any] = {"action": self.action.value, "description": self.description}
+        if self.only_if_replaceable:
+            out["only_if_replaceable"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> WorkloadControlRequest:
@@ -197,7 +209,10 @@ class WorkloadControlRequest:
         description = data.get("description", "")
         if not isinstance(description, str):
             raise ValueError("workload control description must be a string")
-        return cls(action, description[:2000])
+        conditional = data.get("only_if_replaceable", False)
+        if not isinstance(conditional, bool):
+            raise ValueError("workload control only_if_replaceable must be true or false")
+        return cls(action, description[:2000], conditional)
 
 
 def _require_mapping(name: str, value: Any) -> None:

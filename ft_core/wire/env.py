@@ -70,3 +70,18 @@ FT_RANK_CONFIG_ENV_VAR = "FT_RANK_CONFIG"
 """Set in each worker by ft_launcher: the config a rank receives (JSON, as the monitor's handshake
 would send it). A rank whose monitor does not answer the handshake uses it to go on unwatched
 (fail-open) with the same sections and collectives as its peers."""
+
+# ---------------------------------------------------------------------- just-in-time state
+# Set by ft_launcher in each worker (docs/jit-state.md); read by ft_core.client.jit_state.
+
+FT_JIT_STATE_DIR_ENV_VAR = "FT_JIT_STATE_DIR"
+"""The node-local directory where a surviving rank saves its just-in-time state after a peer's
+failure (``<run dir>/state``). Absent: just-in-time state is off (not under ft_launcher, or
+``--ft-jit-state false``)."""
+
+FT_JIT_RESUME_ENV_VAR = "FT_JIT_RESUME"
+"""The payload a restarted rank resumes from (a just-in-time state every node agreed on); absent
+when there is none (the periodic checkpoint is used)."""
+
+FT_JIT_RESUME_STEP_ENV_VAR = "FT_JIT_RESUME_STEP"
+"""The completed step of :data:`FT_JIT_RESUME_ENV_VAR`'s state."""

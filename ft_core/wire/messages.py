@@ -126,6 +126,8 @@ class RankHang(Message):
         heartbeats: Heartbeats so far.
         progress: The rank's last progress.
         stacks: Its stacks, taken before the signal (flattened into the message).
+        save_timeout: The monitor asks the rank to save its just-in-time state before the signal,
+            waiting this long at most (None: it does not).
     """
 
     TYPE: ClassVar[str] = protocol.MSG_RANK_HANG
@@ -146,6 +148,7 @@ class RankHang(Message):
     heartbeats: int | None = None
     progress: Progress | None = None
     stacks: StackSummary | None = field(default=None, metadata=meta(flatten=True))
+    save_timeout: float | None = field(default=None, metadata=meta(omit_none=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,6 +197,42 @@ class RankFinished(Message):
     stop_signal: str | None = field(default=None, metadata=meta(omit_none=True))
 
 
+RESUME_SOURCES = ("jit", "checkpoint", "scratch")
+"""Where a restarted rank's state came from: the survivors' just-in-time state, a periodic
+checkpoint, or nothing (training from its start)."""
+_MAX_STEP = 2**63 - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankResumed(Message):
+    """``rank_resumed``: the rank restored its training state and continues after ``step`` (the
+    completed step it restored; 0 from scratch), from ``source`` (one of :data:`RESUME_SOURCES`).
+    Relayed from the rank's ``resumed`` message; ``ft_report`` compares it with the failure's step."""
+
+    TYPE: ClassVar[str] = protocol.MSG_RANK_RESUMED
+
+    pid: int
+    rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    local_rank: int | None = field(default=None, metadata=meta(omit_none=True))
+    step: int
+    source: str
+
+
+def resumed_fields(message: Mapping[str, Any]) -> tuple[int, str]:
+    """The ``step`` and ``source`` of a rank's ``resumed`` message.
+
+    Raises:
+        ValueError: ``step`` is not an int from 0 to 2**63-1 or ``source`` not one of
+            :data:`RESUME_SOURCES` (the rank gets the error as its reply).
+    """
+    step, source = message.get("step"), message.get("source")
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= _MAX_STEP:
+        raise ValueError(f"'step' must be an int from 0 to 2**63-1, got {step!r:.40}")
+    if source not in RESUME_SOURCES:
+        raise ValueError(f"'source' must be one of {', '.join(RESUME_SOURCES)}, got {source!r:.40}")
+    return step, source
+
+
 @dataclass(frozen=True, kw_only=True)
 class Pong(Message):
     """``pong``: the answer to ``ping``."""
@@ -211,6 +250,7 @@ class ProgressReport(Message):
         connected: Whether that rank is still attached.
         progress: Its last progress.
         disconnected_at: For a detached rank, when the monitor saw it go (epoch seconds).
+        state_bytes: The size of its just-in-time state, when it opened a state channel.
     """
 
     TYPE: ClassVar[str] = protocol.MSG_PROGRESS_REPORT
@@ -221,6 +261,7 @@ class ProgressReport(Message):
     connected: bool = False
     progress: Progress | None = None
     disconnected_at: float | None = field(default=None, metadata=meta(omit_none=True))
+    state_bytes: int | None = field(default=None, metadata=meta(omit_none=True))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,6 +274,38 @@ class StacksCaptured(Message):
     local_rank: int | None = None
     pid: int | None = None
     stacks: StackSummary = field(default_factory=StackSummary, metadata=meta(flatten=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateSaved(Message):
+    """``state_saved``: the answer to ``save_state`` (the rank's, relayed by its monitor).
+
+    Attributes:
+        ok: A consistent state was saved.
+        step: Its completed step (-1 if unknown).
+        path: The payload (node-local state directory).
+        bytes: The payload's size.
+        seconds: How long the save took.
+        reason: Why nothing was saved.
+        source: ``exception`` or ``blocked``.
+        rank, local_rank: The rank that answered (None if no rank could be asked).
+        approx_bytes: The size the rank announced for its state (0 if unknown).
+        cycle: The cycle of the request answered.
+    """
+
+    TYPE: ClassVar[str] = protocol.MSG_STATE_SAVED
+
+    ok: bool = False
+    step: int = -1
+    path: str = ""
+    bytes: int = 0
+    seconds: float = 0.0
+    reason: str = ""
+    source: str = ""
+    rank: int | None = None
+    local_rank: int | None = None
+    approx_bytes: int = 0
+    cycle: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,16 +385,34 @@ class CaptureStacks(Message):
     reason: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SaveState(Message):
+    """``save_state``: save the rank's just-in-time state now (answer: :class:`StateSaved`).
+
+    Attributes:
+        cycle: The launcher cycle that failed.
+        reason: Why (for the rank's log).
+        timeout: Seconds the asker waits for the answer.
+    """
+
+    TYPE: ClassVar[str] = protocol.MSG_SAVE_STATE
+
+    cycle: int | None = None
+    reason: str = ""
+    timeout: float = 10.0
+
+
 MESSAGES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (
         RankHang, RankConnected, RankEscalatedMessage, RankFinished, Pong, ProgressReport, StacksCaptured, Ok, Error,
-        MonitorLost,
-        LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks,
+        MonitorLost, StateSaved, RankResumed,
+        LauncherHello, LauncherBye, WorkerStarted, Ping, ProgressQuery, CaptureStacks, SaveState,
     )
 }
 """Every message between a monitor and its launcher, by ``type``."""
 
-REPLIES: dict[type[Message], type[Message]] = {Ping: Pong, ProgressQuery: ProgressReport, CaptureStacks: StacksCaptured}
+REPLIES: dict[type[Message], type[Message]] = {Ping: Pong, ProgressQuery: ProgressReport, CaptureStacks: StacksCaptured,
+                                                    SaveState: StateSaved}
 """The answer a monitor gives to each question of the launcher."""
 
 

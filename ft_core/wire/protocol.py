@@ -49,6 +49,9 @@ MSG_INIT = "init"
 MSG_SET_HB_TIMEOUTS = "set_hb_timeouts"
 MSG_SET_SECTION_TIMEOUTS = "set_section_timeouts"
 MSG_SHUTDOWN = "shutdown"
+MSG_STATE_CHANNEL = "state_channel"  # first message of a rank's second connection (just-in-time state)
+MSG_STATE_SAVED = "state_saved"  # rank -> monitor on the state channel; monitor -> launcher
+MSG_RESUMED = "resumed"  # once, after the rank restored its training state (what a failure cost: ft_report)
 # Monitor -> rank, launcher control socket -> rank (replies):
 MSG_INIT_OK = "init_ok"
 MSG_OK = "ok"
@@ -60,6 +63,7 @@ MSG_LAUNCHER_BYE = "launcher_bye"
 MSG_PING = "ping"
 MSG_PROGRESS_QUERY = "progress_query"
 MSG_CAPTURE_STACKS = "capture_stacks"
+MSG_SAVE_STATE = "save_state"  # also monitor -> rank on the state channel
 # Monitor -> launcher:
 MSG_RANK_HANG = "rank_hang"
 MSG_RANK_CONNECTED = "rank_connected"
@@ -68,6 +72,7 @@ MSG_PROGRESS_REPORT = "progress_report"
 MSG_STACKS_CAPTURED = "stacks_captured"
 MSG_RANK_ESCALATED = "rank_escalated"
 MSG_RANK_FINISHED = "rank_finished"
+MSG_RANK_RESUMED = "rank_resumed"
 # Rank -> launcher control socket:
 MSG_WORKLOAD_CONTROL = "workload_control"
 MSG_STRAGGLER_REPORT = "straggler_report"

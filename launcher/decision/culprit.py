@@ -42,6 +42,16 @@ states of all nodes are compared (each node publishes its own through the rendez
    synthetic :class:`RankState` (:func:`lost_root`: rank None, outcome :data:`LOST`, the node's
    host name and group rank; several missing nodes: the first by group rank, the others named
    in its cause). Without the candidate's stack rule 2 stands: nothing says it was waiting.
+5. Before rule 1: when one or more nodes of the rendezvous group sent no view within the wait
+   and every rank that crashed failed in its communication with a peer (its error says a peer's
+   connection was closed, reset or refused, a collective timed out or was aborted:
+   :func:`failed_with_a_peer`; or its traceback is inside a ``torch.distributed`` collective),
+   no process was stopped and no hung rank is in its own code, the root is the missing node
+   (:func:`lost_root`), not the first survivor whose collective broke: a node that crashed
+   closes its sockets, so its peers' collectives fail at once with its address in the error
+   (gloo: ``Read error [198.51.100.13]:38592: Connection reset by peer``), while its launcher,
+   gone with it, publishes nothing. A crash of the user's own code (any other error, a signal)
+   is still the root by rule 1.
 
 Every other rank is collateral. Pure functions, no I/O; the texts of the launcher's failure
 line come from here too (:func:`describe_root`, :func:`waiting_for`).
@@ -50,7 +60,8 @@ line come from here too (:func:`describe_root`, :func:`waiting_for`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -62,7 +73,7 @@ CRASH = "crash"
 STOPPED = "stopped"
 """Stopped by the launcher (or torch) because of the failure, or still running when it began."""
 LOST = "lost"
-"""A node of the rendezvous group that sent no view of the failure (rule 4): not a rank."""
+"""A node of the rendezvous group that sent no view of the failure (rules 4 and 5): not a rank."""
 LEFT = "left"
 """A rank whose node left the job on request and killed it (rule 0)."""
 ROOT = "root"
@@ -95,6 +106,9 @@ class LostNode:
 
     group_rank: int
     host: str | None = None
+    addresses: tuple[str, ...] = field(default=(), compare=False)
+    """Its host's network addresses as this node resolved them (rule 5 matches them against the
+    peer addresses the failed collectives' errors name); empty when unknown."""
 
     @property
     def label(self) -> str:
@@ -121,7 +135,7 @@ class RankState:
             progress in wire form) is read as a :class:`~ft_core.wire.messages.Progress`.
         stack_frames: Its main thread's innermost frames (``"file:line function"``), if taken.
         stack_file: Where all its threads' stacks were written, if they were.
-        lost_nodes: For a :data:`LOST` root (rule 4): every node that sent no view, the root's
+        lost_nodes: For a :data:`LOST` root (rules 4 and 5): every node that sent no view, the root's
             own first.
     """
 
@@ -224,6 +238,30 @@ def peer_wait_level(frames: Sequence[str]) -> int:
     return IN_BACKWARD if any(part in location for part in PEER_WAIT_LOCATIONS) else IN_OWN_CODE
 
 
+PEER_FAILURE_TEXTS = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "connection refused",
+    "no route to host", "remote process exited", "network error", "socket closed", "connection timed out",
+    "timed out waiting", "communicator was aborted", "distnetworkerror", "distbackenderror",
+)
+"""Lower-case fragments of the errors a collective raises when a peer is gone (gloo's
+``Connection closed by peer [addr]:port``, ``Read error [addr]:port: Connection reset by peer``,
+NCCL's ``remote process exited or there was a network error``, c10d's ``DistNetworkError``)."""
+
+
+def failed_with_a_peer(state: RankState) -> bool:
+    """Rule 5's test: a crash whose error says its communication with a peer broke, or whose
+    traceback is inside a ``torch.distributed`` collective (the error came from the collective)."""
+    if state.outcome != CRASH:
+        return False
+    text = state.cause.lower()
+    return any(part in text for part in PEER_FAILURE_TEXTS) or waiting_in_collective(state.stack_frames)
+
+
+LOST_WHILE_WAITING = "every rank that reported was waiting in a collective"
+LOST_BROKE_COLLECTIVES = "the collectives of every rank that failed broke with it (a peer's connection lost)"
+"""The end of a :data:`LOST` root's cause under rule 4 and under rule 5."""
+
+
 def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
                 waited: float = 0.0) -> RankState | None:
     """The rank that caused the failure (see the module docstring); None if none failed itself.
@@ -236,7 +274,7 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         waited: How long this node waited for the views (for the text of rule 4).
 
     Returns:
-        A reported rank; for rule 4 the :func:`lost_root` of ``lost``; None if nobody failed.
+        A reported rank; for rules 4 and 5 the :func:`lost_root` of ``lost``; None if nobody failed.
     """
     states = list(states)
     left = min((s for s in states if s.outcome == LEFT), default=None, key=lambda s: (
@@ -249,6 +287,10 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
     crashes = sorted((s for s in states if s.outcome == CRASH and s.event_at is not None),
                      key=lambda s: (s.event_at, _rank_key(s)))
     hangs = [s for s in states if s.outcome == HANG]
+    if lost and _only_broken_collectives(states):
+        named = named_addresses(s.cause for s in crashes)
+        return lost_root(lost, waited, LOST_BROKE_COLLECTIVES,
+                         first=[n for n in lost if named.intersection(n.addresses)])
     first_hang_at = min((s.event_at for s in hangs if s.event_at is not None), default=math.inf)
     if crashes and crashes[0].event_at <= first_hang_at:
         return crashes[0]
@@ -314,13 +356,35 @@ def _everyone_waits(states: Sequence[RankState], hung: RankState) -> bool:
     )
 
 
-def lost_root(lost: Sequence[LostNode], waited: float) -> RankState:
-    """Rule 4's root: the first missing node by group rank, the others named in its cause."""
-    nodes = tuple(sorted(lost, key=lambda n: n.group_rank))
+def _only_broken_collectives(states: Sequence[RankState]) -> bool:
+    """Rule 5's condition: a crash, every crash a failed communication with a peer
+    (:func:`failed_with_a_peer`), no stopped process, no hung rank in its own code."""
+    crashed = [s for s in states if s.outcome == CRASH]
+    if not crashed or not all(failed_with_a_peer(s) for s in crashed):
+        return False
+    return not any(s.stopped for s in states) and all(
+        not s.stack_frames or waiting_for_peers(s.stack_frames) for s in states if s.outcome == HANG)
+
+
+_PEER_ADDRESS = re.compile(r"\[([0-9A-Fa-f.:]{2,45})\]")
+"""A peer address as gloo's errors write it: ``[198.51.100.13]:38592``."""
+
+
+def named_addresses(texts: Iterable[str]) -> set[str]:
+    """The peer addresses (``[addr]``) named in errors."""
+    return {m.group(1) for text in texts for m in _PEER_ADDRESS.finditer(text)}
+
+
+def lost_root(lost: Sequence[LostNode], waited: float, why: str = LOST_WHILE_WAITING,
+              first: Collection[LostNode] = ()) -> RankState:
+    """Rules 4 and 5's root: the first missing node by group rank (of ``first`` if any: those whose
+    address the failed collectives named), the others named in its cause (``why``: what the
+    reported ranks show, :data:`LOST_WHILE_WAITING` or :data:`LOST_BROKE_COLLECTIVES`)."""
+    nodes = tuple(sorted(lost, key=lambda n: (n not in first, n.group_rank)))
     first = nodes[0]
     verb = "sent" if len(nodes) == 1 else "each sent"
     cause = (f"{nodes_text(nodes)} {verb} no report within {waited:.1f} s: lost or cut off from the rendezvous "
-             "store; every rank that reported was waiting in a collective")
+             f"store; {why}")
     return RankState(rank=None, local_rank=-1, node=first.host or "", group_rank=first.group_rank, pid=None,
                      outcome=LOST, cause=cause, lost_nodes=nodes)
 

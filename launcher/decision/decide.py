@@ -6,7 +6,11 @@ exit code when the run ends, the one-line reason every failure record and stop l
 The rules, first match wins:
 
 1. ``ShutdownWorkload`` requested (here or on another node): stop every node, exit 64.
-2. ``ExcludeThisNode`` requested here: this node leaves the job, exit 65.
+2. ``ExcludeThisNode`` requested here: this node leaves the job, exit 65. A replace request
+   (``only_if_replaceable``, the straggler detector's replace action) leaves only when the job
+   can go on without this node (:meth:`RestartPolicy.can_lose_a_node`: a spare waits, or
+   ``--nnodes`` MIN allows one node fewer, as for rule 5); otherwise the node stays and its
+   workers go on (KEEP, the reason says why).
 3. min-healthy re-check while this node waits: restart once fewer nodes than the minimum are
    healthy, else keep waiting.
 4. The same failure repeats without progress (:mod:`launcher.decision.crash_loop`): stop, exit
@@ -54,6 +58,8 @@ class Action(enum.Enum):
     """The failure repeats without progress: stop, no restart; exit ``no_restart_exit_code``."""
     SHUTDOWN = "shutdown"
     """ShutdownWorkload: every node stops, no restart; exit 64."""
+    KEEP = "keep"
+    """A replace request refused: the job cannot go on without this node; its workers go on."""
 
     @property
     def overrides_restarts(self) -> bool:
@@ -91,6 +97,8 @@ class Decision:
 
 SHUTDOWN_REASON = "ShutdownWorkload requested: stopping all workers, no restart"
 EXCLUDE_REASON = "ExcludeThisNode requested: stopping this node's workers and leaving the job"
+KEPT_SUFFIX = "training goes on"
+"""The end of a refused replace request's reason."""
 
 
 def decide(facts: CycleFacts) -> Decision:
@@ -99,6 +107,8 @@ def decide(facts: CycleFacts) -> Decision:
         return Decision(Action.SHUTDOWN, SHUTDOWN_REASON, exit_codes.EXIT_SHUTDOWN_REQUESTED, facts.request_cause)
     if facts.request is WorkloadRequest.EXCLUDE:
         return Decision(Action.LEAVE, EXCLUDE_REASON, exit_codes.EXIT_NODE_EXCLUDED, facts.request_cause)
+    if facts.request is WorkloadRequest.REPLACE:
+        return _replace(facts)
     policy = facts.policy
     if facts.waiting:
         return _recheck(policy, facts.healthy_nodes)
@@ -115,6 +125,20 @@ def decide(facts: CycleFacts) -> Decision:
                             exit_codes.EXIT_NODE_EXCLUDED, verdict.text)
         prefix = f"{verdict.text}; "
     return _by_policy(facts, prefix)
+
+
+def _replace(facts: CycleFacts) -> Decision:
+    """Rule 2, a replace request: leave when the job can go on without this node, else keep it."""
+    policy, nodes, spares = facts.policy, facts.group_world_size or 1, facts.spares_waiting
+    if policy.can_lose_a_node(nodes, spares):
+        why = (f"{spares} spare node(s) wait to take its place" if spares else
+               f"--nnodes MIN {policy.min_nodes} allows one node fewer than this round's {nodes}")
+        return Decision(Action.LEAVE, f"{EXCLUDE_REASON} ({why})", exit_codes.EXIT_NODE_EXCLUDED,
+                        facts.request_cause)
+    no_spare = "no spare node waits" if spares is not None else "no spare node is known to wait"
+    return Decision(Action.KEEP, f"{facts.request_cause}: not replaced: {no_spare} and --nnodes allows no fewer "
+                                 f"than this job's {nodes} node(s) (MIN {policy.min_nodes}); {KEPT_SUFFIX}",
+                    cause=facts.request_cause)
 
 
 def _recheck(policy: RestartPolicy, healthy: int | None) -> Decision:

@@ -25,6 +25,9 @@ class WorkloadRequest(enum.Enum):
     """``ShutdownWorkload``, from a rank of this node or learnt from another node."""
     EXCLUDE = "exclude"
     """``ExcludeThisNode`` from a rank of this node."""
+    REPLACE = "replace"
+    """``ExcludeThisNode`` only if the job can go on without this node (``only_if_replaceable``:
+    the straggler detector's replace action)."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class CycleFacts:
             counted as unhealthy once its cycle failed); None when not counted or unknown.
         crash_loop: The crash-loop guard's verdict on this cycle (from its history of failed
             cycles); None when the cycle has no root.
+        group_world_size: At a replace request: the nodes of this round; None otherwise.
+        spares_waiting: At a replace request: the nodes waiting in the rendezvous that are not
+            members of this round (spares); None when not read or not known.
     """
 
     policy: RestartPolicy
@@ -59,6 +65,8 @@ class CycleFacts:
     records: Sequence[FailureRecord] = ()
     healthy_nodes: int | None = None
     crash_loop: CrashLoopVerdict | None = None
+    group_world_size: int | None = None
+    spares_waiting: int | None = None
 
     @property
     def root_is_here(self) -> bool:

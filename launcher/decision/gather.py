@@ -13,6 +13,8 @@ only I/O (through :class:`~launcher.rendezvous.store_channel.StoreChannel`).
 from __future__ import annotations
 
 import dataclasses
+import socket
+import threading
 import time
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -73,7 +75,9 @@ class CycleFailures:
         first = records[0]  # every record of a cycle carries its root's fingerprint (None: no root)
         self.last_fingerprint = first.fingerprint
         # One node fewer must still make a round (--nnodes MIN) for a node to leave instead of a stop.
-        can_lose_a_node = (worker_group.group_world_size or 1) - 1 >= self.policy.min_nodes
+        # Spares are not counted here: every node must reach the same verdict, and each would read
+        # the waiting spares at its own moment.
+        can_lose_a_node = self.policy.can_lose_a_node(worker_group.group_world_size)
         verdict = (self._guard.on_failure(
             CycleFailure(cycle, first.fingerprint, first.root_step, self._root_node(first, worker_group),
                          first.root_before_first_step, first.root_from_outside),
@@ -88,8 +92,13 @@ class CycleFailures:
 
     def at_request(self, worker_group: Any, remaining_restarts: int, request: WorkloadRequest | None,
                    cause: str) -> CycleFacts:
-        """The facts when a workload control request decided the run."""
-        return self._facts(worker_group, remaining_restarts, request=request, request_cause=cause)
+        """The facts when a workload control request decided the run; for a replace request also
+        the round's size and the spare nodes waiting (read from the rendezvous only then)."""
+        if request is not WorkloadRequest.REPLACE:
+            return self._facts(worker_group, remaining_restarts, request=request, request_cause=cause)
+        return self._facts(worker_group, remaining_restarts, request=request, request_cause=cause,
+                           group_world_size=worker_group.group_world_size,
+                           spares_waiting=spares_waiting(worker_group))
 
     def _facts(self, worker_group: Any, remaining_restarts: int, **facts: Any) -> CycleFacts:
         return CycleFacts(policy=self.policy, remaining_restarts=remaining_restarts,
@@ -154,7 +163,7 @@ class CycleFailures:
         views = self._channel.gather_views(nodes, worker_group.group_rank)
         remote = [RankState.from_json(item) for item in views.states]
         lost = [LostNode(group_rank, host) for group_rank, host in views.missing.items()] if published else []
-        return Exchanged([state for state in remote if state is not None], lost, views.waited)
+        return Exchanged([state for state in remote if state is not None], with_addresses(lost), views.waited)
 
 
 def live_group_ranks(worker_group: Any) -> frozenset[int] | None:
@@ -162,3 +171,39 @@ def live_group_ranks(worker_group: Any) -> frozenset[int] | None:
     (:mod:`launcher.rendezvous.membership`)."""
     live = getattr(worker_group.spec.rdzv_handler, "live_group_ranks", None)
     return live() if callable(live) else None
+
+
+def spares_waiting(worker_group: Any) -> int | None:
+    """The nodes waiting in the rendezvous that are not members of this round (spares, new
+    nodes), from the membership proxy (:mod:`launcher.rendezvous.membership`); None if unknown."""
+    count = getattr(worker_group.spec.rdzv_handler, "spares_waiting", None)
+    return count() if callable(count) else None
+
+
+RESOLVE_TIMEOUT = 1.0
+"""Longest the lost nodes' host names are resolved (a DNS that does not answer must not hold up
+the decision; ``/etc/hosts`` or a cache answers at once)."""
+
+
+def with_addresses(lost: list[LostNode], timeout: float = RESOLVE_TIMEOUT) -> list[LostNode]:
+    """The lost nodes with their hosts' addresses (rule 5 of :mod:`launcher.decision.culprit`
+    matches them against the peer addresses in the failed collectives' errors); a node whose
+    host cannot be resolved within ``timeout`` keeps none."""
+    hosts = sorted({n.host for n in lost if n.host})
+    if not hosts:
+        return lost
+    found: dict[str, tuple[str, ...]] = {}
+
+    def resolve() -> None:
+        for host in hosts:
+            try:
+                infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except (OSError, UnicodeError):
+                continue
+            found[host] = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
+
+    # A daemon thread: a resolver stuck on an unreachable DNS server is left behind, not waited for.
+    thread = threading.Thread(target=resolve, name="ft-resolve-lost-nodes", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return [dataclasses.replace(n, addresses=found.get(n.host or "", ())) for n in lost]

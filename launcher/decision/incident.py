@@ -75,7 +75,8 @@ class CycleWatch:
         mono = time.monotonic()
         mono = min(mono, mono - (time.time() - event.detected_at))
         self._note_failure(mono)
-        deadline = time.monotonic() + grace + HUNG_EXIT_MARGIN
+        # A monitor that asks its rank for its just-in-time state first signals it that much later.
+        deadline = time.monotonic() + grace + (event.save_timeout or 0.0) + HUNG_EXIT_MARGIN
         self._hung_deadline = deadline if self._hung_deadline is None else max(self._hung_deadline, deadline)
 
     def observe(self, statuses: Mapping[int, int | None]) -> None:

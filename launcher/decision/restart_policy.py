@@ -54,6 +54,16 @@ class RestartPolicy:
         return (self.name is RestartPolicyName.MIN_HEALTHY and healthy_nodes is not None
                 and healthy_nodes >= self.min_nodes)
 
+    def can_lose_a_node(self, group_world_size: int | None, spares_waiting: int | None = None) -> bool:
+        """Whether the job can go on without one of its ``group_world_size`` nodes: a spare node
+        waits to take its place, or one node fewer still makes a round (``--nnodes`` MIN).
+
+        The one test of "the job can go on without this node": the crash-loop guard asks it
+        before it makes a node leave instead of stopping, the launcher before it grants the
+        straggler detector's replace request (``None`` spares: not known, counted as none).
+        """
+        return bool(spares_waiting) or (group_world_size or 1) - 1 >= self.min_nodes
+
     def restart_while_waiting(self, healthy_nodes: int | None) -> bool:
         """While this node waits (min-healthy): True once too few nodes are healthy.
 

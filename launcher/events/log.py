@@ -272,6 +272,11 @@ class EventLog:
         """
         return records.last_cycle_root_nodes(self.history)
 
+    def lost_root_nodes(self) -> list[str]:
+        """The nodes this launcher's records name as a lost root in any cycle
+        (see :func:`launcher.events.records.lost_root_nodes`)."""
+        return records.lost_root_nodes(self.history)
+
     def close(self) -> None:
         for fd in (self._fd, self._lock_fd):
             if fd is not None:

@@ -1,9 +1,10 @@
 """``ft_report --plot``: the timeline of :mod:`launcher.events.report` drawn with matplotlib.
 
 One row per node: each cycle as a bar (yellow while its workers start, green while they are all
-up), each failure as a marker (a red cross for a root cause, an orange dot for a worker stopped as
-a consequence), each straggler report as a purple triangle under the bar, dashed lines where
-autoresume attempts start.
+up), hatched red where the work was redone after a failure (the seconds before it since the step
+the restart resumed from: :mod:`launcher.events.failure_cost`), each failure as a marker (a red
+cross for a root cause, an orange dot for a worker stopped as a consequence), each straggler report
+as a purple triangle under the bar, dashed lines where autoresume attempts start.
 
 The drawing scales with the log, not with what a picture can show: a long run has more cycles
 and failures than the chart has pixels, and one matplotlib artist per item (a bar, a marker, a
@@ -31,6 +32,7 @@ MAX_LABELS = 60
 MARKER_COLUMNS = 150
 """Most failure markers of one kind in a row: about one per marker width."""
 _STARTING, _UP, _ROOT, _COLLATERAL, _STRAGGLER = "#f2c14e", "#4caf50", "#d32f2f", "#ff9800", "#7b1fa2"
+_REDONE = "#b71c1c"
 
 
 def aggregate_spans(spans: Iterable[tuple[float, float]], resolution: float) -> list[tuple[float, float]]:
@@ -123,6 +125,18 @@ def draw(report: RunReport, values: dict[str, Any], path: str | Path) -> None:
         ax.broken_barh(aggregate_spans(starting.get(y, ()), resolution), (y - 0.25, 0.5), facecolors=_STARTING,
                        snap=False)
 
+    # the work each failure threw away (launcher.events.failure_cost): hatched over the bar, up to the failure
+    redone: dict[int, list[tuple[float, float]]] = {}
+    for cost in values.get("failure_costs", []):
+        if cost.get("seconds_redone"):
+            for node in dict.fromkeys(cost["nodes"]):
+                until = cost.get("failed_step_at") or cost["failed_at"]  # a hang: its last progress, not detection
+                seconds = cost["seconds_redone"]
+                redone.setdefault(rows[node], []).append((until - seconds - origin, seconds))
+    for y, spans in redone.items():
+        ax.broken_barh(aggregate_spans(spans, resolution), (y - 0.25, 0.5), facecolors="none", edgecolors=_REDONE,
+                       hatch="////", linewidth=0.8, snap=False, zorder=2)
+
     # collateral first, so that the root causes are drawn on top
     spacing = max(end, 1.0) / MARKER_COLUMNS
     xs, ys = thin_points(((failed_at(f) - origin, y + 0.14) for y, f in failures if role(f) != ROLE_ROOT),
@@ -152,13 +166,14 @@ def draw(report: RunReport, values: dict[str, Any], path: str | Path) -> None:
     ax.set_title(f"{values['failures']} failure(s), {values['cycles']} cycle(s); goodput <= {goodput}, "
                  f"mean time to recover {seconds_text(values['mttr_s'])}")
     ax.legend(handles=[Patch(color=_STARTING, label="workers starting"), Patch(color=_UP, label="workers up"),
+                       Patch(facecolor="none", edgecolor=_REDONE, hatch="////", label="work redone after the failure"),
                        Line2D([], [], marker="X", color=_ROOT, markeredgecolor="black", linestyle="none",
                               markersize=10, label="failure (root cause)"),
                        Line2D([], [], marker="o", color=_COLLATERAL, markeredgecolor="black", linestyle="none",
                               label="stopped as a consequence"),
                        Line2D([], [], marker="^", color=_STRAGGLER, markeredgecolor="black", linestyle="none",
                               label="straggler flagged")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=9, frameon=False)
+              loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize=9, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

@@ -345,6 +345,21 @@ class ControlRequest(EventRecord):
 
 
 @dataclass(kw_only=True)
+class ReplaceRefused(EventRecord):
+    """``replace_refused``: a rank asked to replace this node (the straggler detector's replace
+    action) and the job cannot go on without it (no spare node waits, ``--nnodes`` MIN allows no
+    fewer nodes): the node stays and training goes on."""
+
+    EVENT: ClassVar[str] = "replace_refused"
+
+    cycle: int | None = _f()
+    reason: str | None = _f(doc="the line the launcher logged")
+    nodes: int | None = _f(doc="the nodes of the round")
+    min_nodes: int | None = _f(doc="`--nnodes` MIN")
+    spares_waiting: int | None = _f(doc="spare nodes waiting in the rendezvous; null: not known")
+
+
+@dataclass(kw_only=True)
 class Straggler(EventRecord):
     """``straggler``: the straggler detector flagged a rank, or a whole node, of this node as slow
     in one report interval (the scores are the detector's: lower is slower)."""
@@ -483,6 +498,82 @@ class LeftoversKilled(EventRecord):
 
 
 @dataclass(kw_only=True)
+class JitStateSaved(EventRecord):
+    """``state_saved``: after a failure, a surviving rank of this node saved its just-in-time state
+    before the survivors were stopped ([jit-state.md](jit-state.md))."""
+
+    EVENT: ClassVar[str] = "state_saved"
+
+    cycle: int | None = _f(doc="the cycle that failed")
+    rank: int | None = _f()
+    local_rank: int | None = _f()
+    step: int | None = _f(doc="the completed step the state holds")
+    bytes: int | None = _f()
+    seconds: float | None = _f(doc="the rank's copy, write and checksum")
+    source: str | None = _f(doc="`exception` (its collective failed) or `blocked` (copied while blocked)")
+    path: str | None = _f(doc="the payload, node-local")
+
+
+@dataclass(kw_only=True)
+class JitStateNotSaved(EventRecord):
+    """``state_not_saved``: after a failure, no rank of this node saved its just-in-time state; the
+    restart uses the periodic checkpoint unless another node's state is readable here."""
+
+    EVENT: ClassVar[str] = "state_not_saved"
+
+    cycle: int | None = _f(doc="the cycle that failed")
+    reason: str = _f("", "e.g. `no rank answered within 12.0 s`, a sharded strategy")
+
+
+@dataclass(kw_only=True)
+class Resumed(EventRecord):
+    """``resumed``: a worker restored its training state and told its monitor from which step and
+    source (`ft_core.client.RankMonitorClient.report_resumed`); ``ft_report`` sets it against the
+    failure's step: the steps redone."""
+
+    EVENT: ClassVar[str] = "resumed"
+
+    cycle: int | None = _f(doc="the cycle the worker belongs to")
+    rank: int | None = _f()
+    local_rank: int | None = _f()
+    worker_pid: int | None = _f()
+    step: int | None = _f(doc="the completed step it restored (training continues with the next); 0 from scratch")
+    source: str | None = _f(doc="`jit` (just-in-time state), `checkpoint` (a periodic one) or `scratch`")
+
+
+@dataclass(kw_only=True)
+class JitStateHealed(EventRecord):
+    """``state_healed``: after the rendezvous, this node received the newest just-in-time state from
+    a peer that held it (it had none of that step), or sent it to the nodes that lacked it, through
+    the rendezvous store ([jit-state.md](jit-state.md#healing-a-node-from-a-peer))."""
+
+    EVENT: ClassVar[str] = "state_healed"
+
+    cycle: int | None = _f(doc="the cycle about to start")
+    role: str | None = _f(doc="`received` or `sent`")
+    peer: str | None = _f(doc="the sender, or the receivers (`node <group rank> (<host>)`)")
+    step: int | None = _f(doc="the completed step the state holds")
+    bytes: int | None = _f()
+    seconds: float | None = _f(doc="the transfer, checksum included")
+
+
+@dataclass(kw_only=True)
+class JitStateHealFailed(EventRecord):
+    """``state_heal_failed``: a transfer of the newest just-in-time state from a peer failed (timeout,
+    checksum, store); every node falls back to the newest state every node can read."""
+
+    EVENT: ClassVar[str] = "state_heal_failed"
+
+    cycle: int | None = _f(doc="the cycle about to start")
+    role: str | None = _f(doc="`received` or `sent`")
+    peer: str | None = _f()
+    step: int | None = _f()
+    bytes: int | None = _f(doc="bytes moved before it failed")
+    seconds: float | None = _f()
+    reason: str = _f("", "e.g. the payload's SHA-256 differs from its manifest's")
+
+
+@dataclass(kw_only=True)
 class StoreLost(EventRecord):
     """``store_lost``: the rendezvous store is gone; a ``result`` (``rendezvous store lost``,
     exit code 1) follows."""
@@ -528,9 +619,10 @@ class Summary(EventRecord):
 KINDS: dict[str, type[EventRecord]] = {
     cls.EVENT: cls for cls in (
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
-        WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest, Straggler,
-        MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived, SignalForwarded, Restart,
-        RoundFailure, MinHealthyRestart, LeftoversKilled, StoreLost, Result, Summary,
+        WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest,
+        ReplaceRefused, Straggler, MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived,
+        SignalForwarded, Restart, RoundFailure, MinHealthyRestart, LeftoversKilled, JitStateSaved, JitStateNotSaved,
+        JitStateHealed, JitStateHealFailed, Resumed, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""
@@ -569,6 +661,21 @@ def last_cycle_root_nodes(history: Iterable[EventRecord]) -> list[str]:
             nodes.append(node)
     return nodes
 
+
+def lost_root_nodes(history: Iterable[EventRecord]) -> list[str]:
+    """The nodes one launcher's records name as a lost root (``root_outcome`` ``lost``: a node
+    that sent no report of a failure) in any cycle of its run, recovered from or not: an elastic
+    job that finishes without a node must still say which node it lost.
+
+    Returns:
+        Host names in the order first named.
+    """
+    nodes: list[str] = []
+    for record in history:
+        if isinstance(record, Failure) and record.root_outcome == "lost" and record.root_node \
+                and record.root_node not in nodes:
+            nodes.append(record.root_node)
+    return nodes
 
 
 def read_events(paths: str | os.PathLike | Iterable[str | os.PathLike],

@@ -25,6 +25,11 @@ ours: goodput and the mean time to recover. The event log does not know training
 * recovered = the next cycle's workers are ready again (in the same launcher, or in the next
   autoresume attempt); failed = the failure's detection.
 
+and what each failure cost in steps (:mod:`launcher.events.failure_cost`): the step it failed in
+against the step the restart resumed from (which the ranks report, with where that state came from:
+just-in-time state, a periodic checkpoint, or from scratch), the steps and seconds redone, and the
+run's total; the goodput less that redone work.
+
 ``--plot`` draws the same timeline with matplotlib (``pip install 'ptl-resiliency[plot]'``), reduced
 to what the chart can show (:mod:`launcher.events.plot`).
 """
@@ -42,6 +47,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launcher.events import records as kinds
+from launcher.events.failure_cost import cost_figures, cost_lines, cost_text, failure_costs
 from launcher.events.goodput import Recovery, run_figures
 from launcher.events.records import (
     ROLE_COLLATERAL,
@@ -325,6 +331,7 @@ def figures(report: RunReport) -> dict[str, Any]:
     result["attempts"] = len(report.attempts) or len({(r.attempt, r.run_id) for r in report.runs})
     result["finished"], result["finished_flag_file"] = finished(report)
     result["graceful_stops"] = graceful_stops(report)
+    result.update(cost_figures(report, result["useful_s"], result["wall_s"]))
     return result
 
 
@@ -430,6 +437,15 @@ def timeline_lines(report: RunReport) -> list[str]:
                                  f"{_or_unknown(record.action)}: {record.description or '(no reason given)'}")
             elif isinstance(record, kinds.Straggler):
                 add(record_time(record), f"{where} {straggler_text(record)}")
+            elif isinstance(record, kinds.ReplaceRefused):
+                add(record_time(record), f"{where} {_or_unknown(record.reason)}")
+            elif isinstance(record, kinds.JitStateSaved):
+                add(record_time(record), f"{where} cycle {_or_unknown(record.cycle)}: rank {_or_unknown(record.rank)} "
+                                         f"saved its just-in-time state of step {_or_unknown(record.step)} "
+                                         f"({(record.bytes or 0) / 1e6:.0f} MB in {record.seconds or 0.0:.2f} s)", 2)
+            elif isinstance(record, kinds.JitStateNotSaved):
+                add(record_time(record), f"{where} cycle {_or_unknown(record.cycle)}: no just-in-time state saved: "
+                                         f"{record.reason or 'no reason given'}", 2)
             elif isinstance(record, (kinds.MonitorDied, kinds.MonitorReplaced, kinds.LeftoversKilled)):
                 add(record_time(record), f"{where} {record.EVENT.replace('_', ' ')}")
         by_cycle: dict[Any, list[kinds.GracefulStopped]] = {}
@@ -442,6 +458,10 @@ def timeline_lines(report: RunReport) -> list[str]:
         if run.result is not None:
             add(record_time(run.result), f"{where} ft_launcher ended: {run.result.outcome} "
                                  f"(exit code {run.result.exit_code})", 3)
+    for cost in failure_costs(report):
+        if cost.resumed_at is not None or cost.failed_step is not None:
+            add(cost.resumed_at if cost.resumed_at is not None else cost.failed_at,
+                f"[{', '.join(dict.fromkeys(cost.nodes))}] {cost_text(cost)}", 6)
     return [text for _, _, text in sorted(items, key=lambda item: (item[0], item[1]))]
 
 
@@ -521,8 +541,10 @@ def figure_lines(values: dict[str, Any]) -> list[str]:
         f"wall time {values['wall_s']:.1f} s; {values['attempts']} attempt(s), {values['launcher_runs']} launcher "
         f"run(s), {values['cycles']} cycle(s); finished: {finished}",
         f"failures: {values['failures']} root cause(s), {values['collateral']} worker(s) stopped as a consequence",
-        f"goodput <= {goodput} (workers up {values['useful_s']:.1f} s of {values['wall_s']:.1f} s; work redone "
-        "since the last checkpoint is not in the event log)",
+        f"goodput <= {goodput} (workers up {values['useful_s']:.1f} s of {values['wall_s']:.1f} s; "
+        + ("less the work redone below)" if values.get("redone_known") else "work redone since the last checkpoint "
+           "is not in the event log unless the ranks report where they resumed)"),
+        *cost_lines(values),
         f"mean time to recover {seconds_text(values['mttr_s'])} over {values['recoveries']} recover(ies) (failure "
         f"detected -> workers ready again){'; by kind: ' + by_kind if by_kind else ''}",
         *stops,

@@ -32,11 +32,13 @@ from launcher.events.records import (
     MonitorReplaced,
     MonitorUnresponsive,
     RankEscalated,
+    Resumed,
     SignalForwarded,
     WorkersReady,
 )
 from launcher.node import processes
 from launcher.node.monitors import UNRESPONSIVE, MonitorPool
+from launcher.node.survivor_save import SurvivorSave
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class CycleWorkers:
         self._ft_cfg = ft_cfg
         self._workers_stop_timeout = workers_stop_timeout
         self._on_ready = on_ready
+        self._survivor_save = SurvivorSave(monitors, events, ft_cfg)
         self.cycle = -1
         self.watch = CycleWatch()
         """This cycle's hangs, exits and evidence."""
@@ -178,7 +181,8 @@ class CycleWorkers:
         return RunResult(state=WorkerState.SUCCEEDED, return_values={w.global_rank: None for w in worker_group.workers})
 
     def _handle_first_failure(self, statuses: dict[int, int | None]) -> None:
-        """A worker crashed or hung: take the evidence from the monitors, then stop the others.
+        """A worker crashed or hung: take the evidence from the monitors, let one survivor save its
+        just-in-time state (:mod:`launcher.node.survivor_save`), then stop the others.
 
         torch would SIGTERM the others and wait 30 s for them; a worker whose peer died is often
         stuck in a collective (or in a SIGTERM handler that runs one), so they get a short grace
@@ -189,6 +193,9 @@ class CycleWorkers:
         self.watch.gather_evidence(self._monitors, sorted(self.pids), running,
                                    self._ft_cfg.stack_capture_budget or 0.0)
         self.poll_events()  # hangs reported while we asked
+        # Before anyone is stopped: one survivor saves the state of its last completed step.
+        self._survivor_save.run(self.cycle, [r for r, status in self.statuses().items() if status is None],
+                                self.watch.reports)
         survivors = [self.pids[r] for r in running if r not in self.watch.hangs]
         self.stopped_by_us.update(survivors)
         self._workers.terminate(survivors, self._workers_stop_timeout)
@@ -235,6 +242,9 @@ class CycleWorkers:
                     self._graceful_stops[local_rank] = self._events.record_event(GracefulStopped(
                         cycle=self.cycle, local_rank=local_rank, rank=event.rank, worker_pid=event.pid,
                         step=event.stop_step, run_steps=event.stop_run_steps, signal=event.stop_signal))
+        elif isinstance(event, messages.RankResumed):
+            self._events.record_event(Resumed(cycle=self.cycle, rank=event.rank, local_rank=local_rank,
+                                              worker_pid=event.pid, step=event.step, source=event.source))
         elif isinstance(event, messages.RankConnected) and local_rank not in self.awaiting_ready:
             self._clean_ends.reconnected(local_rank)  # training again (a second fit)
         elif isinstance(event, messages.RankConnected):

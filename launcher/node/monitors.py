@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,8 +152,9 @@ class MonitorPool:
         answers = self.ask_each({local_rank: [message] for local_rank in local_ranks}, timeout)
         return {local_rank: replies[reply_type] for local_rank, replies in answers.items() if reply_type in replies}
 
-    def ask_each(self, questions: dict[int, list[messages.Message]],
-                 timeout: float) -> dict[int, dict[type[messages.Message], messages.Message]]:
+    def ask_each(self, questions: dict[int, list[messages.Message]], timeout: float,
+                 until: Callable[[dict[int, dict[type[messages.Message], messages.Message]]], bool] | None = None,
+                 poll_interval: float | None = None) -> dict[int, dict[type[messages.Message], messages.Message]]:
         """Send each monitor its questions (in order), all monitors at once; collect the answers.
 
         A monitor answers its questions in order; other messages that arrive meanwhile stay
@@ -164,6 +165,9 @@ class MonitorPool:
                 :class:`~ft_core.wire.messages.ProgressQuery`,
                 :class:`~ft_core.wire.messages.CaptureStacks`).
             timeout: Seconds to wait for all answers in total.
+            until: Stop waiting as soon as it returns True for the answers so far (checked after
+                each wake-up).
+            poll_interval: Wake up at least this often (for ``until`` to look at something else).
 
         Returns:
             Local rank -> reply class -> answer, for the answers that arrived in time.
@@ -187,8 +191,10 @@ class MonitorPool:
                 if not expected or link.lost:
                     del waiting[local_rank]
             remaining = deadline - time.monotonic()
-            if not waiting or remaining <= 0:
+            if not waiting or remaining <= 0 or (until is not None and until(answers)):
                 break
+            if poll_interval is not None:
+                remaining = min(remaining, poll_interval)
             processes.wait_for_any([link.fileno() for link, _ in waiting.values()], remaining)
         return answers
 

@@ -95,6 +95,11 @@ class WorkerProcesses:
         """Local rank -> the worker's own pid."""
         return {rank: w.worker_pid for rank, w in self._workers.items()}
 
+    @property
+    def all_pids(self) -> list[int]:
+        """Every pid of the workers: as torch started them and, under warm restarts, the workers' own."""
+        return sorted({*self.pids, *self.worker_pids.values()})
+
     def worker_pid(self, pid: int) -> int:
         """The worker's own pid for a pid torch started (itself for a cold start)."""
         for w in list(self._workers.values()):

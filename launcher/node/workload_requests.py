@@ -17,7 +17,7 @@ import queue
 from ft_core.wire.data import WorkloadAction
 from launcher.decision.facts import WorkloadRequest
 from launcher.events.log import EventLog
-from launcher.events.records import ControlRequest, Straggler
+from launcher.events.records import ControlRequest, ReplaceRefused, Straggler
 from launcher.node.control_server import ControlServer, ReceivedStragglerReport
 from launcher.rendezvous.store_channel import StoreChannel
 
@@ -40,9 +40,11 @@ class WorkloadRequests:
         self._channel = channel
         self._events = events
         self.current: WorkloadRequest | None = None
-        """The request that decided the run: SHUTDOWN wins over EXCLUDE; None before one."""
+        """The request that decided the run: SHUTDOWN wins over EXCLUDE, EXCLUDE over REPLACE (to be
+        judged: :meth:`refuse` clears it); None before one."""
         self.cause = ""
         """Who asked for :attr:`current` and why, for the stop line."""
+        self._refused_cycle: int | None = None  # a replace request was refused in this cycle
 
     def drain(self, cycle: int) -> None:
         """Read every request this node's ranks sent since the last call (non-blocking)."""
@@ -65,8 +67,22 @@ class WorkloadRequests:
                 if self.current is not WorkloadRequest.SHUTDOWN:
                     self.current, self.cause = WorkloadRequest.SHUTDOWN, asked
                 self._channel.publish_shutdown(self._events.node, item.rank, description)
-            elif action is WorkloadAction.ExcludeThisNode and self.current is None:
-                self.current, self.cause = WorkloadRequest.EXCLUDE, asked
+            elif action is WorkloadAction.ExcludeThisNode and not item.request.only_if_replaceable:
+                if self.current in (None, WorkloadRequest.REPLACE):
+                    self.current, self.cause = WorkloadRequest.EXCLUDE, asked
+            elif action is WorkloadAction.ExcludeThisNode and self.current is None and self._refused_cycle != cycle:
+                # every rank of the node asks; once refused, the others' requests of the cycle are too
+                self.current, self.cause = WorkloadRequest.REPLACE, asked
+
+    def refuse(self, cycle: int, refusal: ReplaceRefused) -> None:
+        """The replace request (:attr:`current` REPLACE) was refused (the job cannot go on without
+        this node): one line and ``refusal``'s record say why; forget the request, and refuse the
+        other ranks' replace requests of ``cycle`` silently, without another decision."""
+        logger.warning("%s", refusal.reason)
+        self._events.record_event(refusal)
+        if self.current is WorkloadRequest.REPLACE:
+            self.current, self.cause = None, ""
+        self._refused_cycle = cycle
 
     def check_other_nodes(self, cycle: int, force: bool = False) -> None:
         """Learn about a ShutdownWorkload requested on another node (``force``: read the store

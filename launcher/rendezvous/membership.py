@@ -130,6 +130,25 @@ class MembershipHandler:
                          participants, limit_name, limit)
         return counted
 
+    def spares_waiting(self) -> int | None:
+        """The nodes waiting in the rendezvous that are not members of this node's round: spares
+        (torch's redundancy list: the round was full when they came), nodes on the wait list
+        that were not members, ft-barrier's new nodes. As of the state's last sync (every poll
+        of :meth:`num_nodes_waiting`). None if not known (no round yet, the state unreadable).
+
+        Whether a node can be replaced (the straggler detector's replace action) asks this: a
+        spare takes the leaving node's place, so the job goes on even at ``--nnodes`` MIN.
+        """
+        if self._has_view():
+            view = self._handler.membership_view()
+            return view.waiting_new if view is not None else None
+        members = self._round_members
+        seen = self._read(lambda state: (frozenset(state.wait_list), frozenset(state.redundancy_list)))
+        if members is None or seen is None:
+            return None
+        waiting, redundant = seen
+        return len((waiting | redundant) - members)
+
     def live_group_ranks(self) -> frozenset[int] | None:
         """The ranks in this round of the nodes whose launcher is alive (torch drops a node from the
         round's participants once its keep-alive expired), as of the state's last sync (every

@@ -34,6 +34,9 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 from torch.distributed.elastic.rendezvous import RendezvousError
 
+from launcher.events.log import EventLog
+from launcher.events.records import RoundFailure
+
 logger = logging.getLogger(__name__)
 
 ROLE_INFO_PREFIX = "torchelastic/role_info/"
@@ -109,6 +112,17 @@ def assign_ranks(assign: Callable[[], T], store: Any, group_rank: int, world: in
         if bound is not None and bound < previous:
             with contextlib.suppress(RuntimeError):
                 store.set_timeout(timedelta(seconds=previous))
+
+
+def report(events: EventLog, cycle: int, failed: RoundFailed, restarts_left: int, max_restarts: int) -> None:
+    """Record ``failed`` (a ``round_failed`` record) and, when a restart is left, say in one line
+    that the next round forms without the missing members."""
+    events.record_event(RoundFailure(
+        cycle=cycle, group_rank=failed.group_rank, group_world_size=failed.world, missing_ranks=failed.missing,
+        waited_s=round(failed.waited, 4), what=failed.what, restarts_left=restarts_left))
+    if restarts_left > 0:
+        logger.warning("%s; restarting (%s/%s restarts left): the next round forms without it", failed,
+                       restarts_left - 1, max_restarts)
 
 
 def forget_missing(handler: Any, failed: RoundFailed) -> None:

@@ -277,10 +277,17 @@ def attempt_outcome(settings: Settings, extra: dict[str, str], attempt: int) -> 
 
 def attempt_events(attempt: int, failed: bool, progressed: bool,
                    nodes: policy.NodesOutcome) -> list[repeats.Event]:
-    """The attempt's rows of ``node_history.tsv``: how it ended, then the nodes it blamed."""
+    """The attempt's rows of ``node_history.tsv``: how it ended, then the nodes it blamed.
+
+    An attempt that did not fail still names the nodes it lost (an elastic job that went on and
+    finished without a crashed node): the node history must say which node that was.
+    """
     fingerprint = nodes.fingerprint or "-"
     if not failed:
-        return [repeats.Event(attempt, repeats.NO_NODE, repeats.CLEAN)]
+        return [repeats.Event(attempt, repeats.NO_NODE, repeats.CLEAN),
+                *(repeats.Event(attempt, node, repeats.BAD, "-", nodes.why[node]) if node in nodes.why
+                  else repeats.Event(attempt, node, repeats.ROOT, "-", policy.LOST_BY_THE_LAUNCHERS)
+                  for node in nodes.lost)]
     events = [repeats.Event(attempt, repeats.NO_NODE, repeats.FAILED, fingerprint,
                             nodes.fingerprint_text or "-")]
     if progressed:

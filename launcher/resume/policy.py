@@ -271,6 +271,8 @@ class NodeReport:
         fingerprint: The fingerprint of the root failure of the launcher's last failed cycle
             (12 hex digits), or empty (none, or a launcher that does not write one).
         fingerprint_text: That fingerprint as one line of text, or empty.
+        lost: Host names the launcher named as a lost root in any cycle (a node that sent no
+            report of a failure; the run may have gone on without it).
     """
 
     node: str
@@ -281,6 +283,7 @@ class NodeReport:
     host: str = ""
     fingerprint: str = ""
     fingerprint_text: str = ""
+    lost: tuple[str, ...] = ()
 
 
 def parse_node_report(text: str, launcher_result: str = "") -> NodeReport | None:
@@ -304,7 +307,7 @@ def parse_node_report(text: str, launcher_result: str = "") -> NodeReport | None
         warned=warned if warned in WARNING_SIGNALS else "",
         stopped=stopped if stopped in STOP_SIGNALS else "",
         roots=result.roots, host=host if is_node_name(host) else node,
-        fingerprint=result.fingerprint, fingerprint_text=result.fingerprint_text)
+        fingerprint=result.fingerprint, fingerprint_text=result.fingerprint_text, lost=result.lost)
 
 
 @dataclass
@@ -323,6 +326,9 @@ class NodesOutcome:
         fingerprint: The failure's fingerprint (the one most launchers report), or empty.
         fingerprint_text: Its text, or empty.
         notes: Log lines, in order (the attempt number is prefixed by the caller).
+        lost: Nodes lost during the attempt (no report from their task, or named by the
+            launchers as a node that sent no report of a failure), no repeats: named in the node
+            history even when the attempt did not fail.
     """
 
     rc: int = 0
@@ -335,6 +341,7 @@ class NodesOutcome:
     fingerprint: str = ""
     fingerprint_text: str = ""
     notes: list[str] = field(default_factory=list)
+    lost: list[str] = field(default_factory=list)
 
     def blame(self, node: str, why: str, root: bool = False) -> None:
         """Record that ``node`` caused the failure, and why; ``root``: as its root."""
@@ -359,6 +366,7 @@ def nodes_outcome(reports: Sequence[NodeReport | None], alloc_hosts: Sequence[st
     out = NodesOutcome()
     lost: list[str] = []
     named: list[str] = []
+    named_lost: list[str] = []
     host_nodes: dict[str, list[str]] = {}
     for index, report in enumerate(reports):
         if report is None:
@@ -366,10 +374,12 @@ def nodes_outcome(reports: Sequence[NodeReport | None], alloc_hosts: Sequence[st
             code = srun_rc if srun_rc != EXIT_SUCCESS else EXIT_FAILURE
             out.blame(node, "lost (its launcher never reported)")
             lost.append(node)
+            out.lost.append(node)
         else:
             node, code = report.node, report.code
             host_nodes.setdefault(report.host, []).append(node)
             named += report.roots
+            named_lost += report.lost
             if report.warned and not out.warned:
                 out.warned = "SIG" + report.warned
             # A stop signal sent to the job steps only (scancel -s TERM without --batch) counts
@@ -380,6 +390,7 @@ def nodes_outcome(reports: Sequence[NodeReport | None], alloc_hosts: Sequence[st
             out.blame(node, "ExcludeThisNode")
         out.codes.append((node, code))
     _blame_roots(out, named, host_nodes, alloc_hosts, lost)
+    _blame_named_lost(out, named_lost, host_nodes, alloc_hosts)
     out.rc = combine_codes([code for _, code in out.codes])
     prints = [(r.fingerprint, r.fingerprint_text) for r in reports if r is not None and r.fingerprint]
     if prints:
@@ -396,6 +407,8 @@ def _blame_roots(out: NodesOutcome, named: list[str], host_nodes: dict[str, list
     When a node was lost, the ranks the survivors blamed most likely failed because of it (a
     peer's connection reset, a collective that never completes), so only the lost node counts.
     """
+    # A launcher that names a lost node as the root (rule 5 of launcher/decision/culprit.py) agrees.
+    named = [host for host in named if host not in lost]
     if not named:
         return
     if lost:
@@ -417,6 +430,25 @@ def _blame_roots(out: NodesOutcome, named: list[str], host_nodes: dict[str, list
                 continue
             nodes = [host]   # SLURM's own name for the node
         out.blame(nodes[0], "root cause of the failure, as the launchers' records name it", root=True)
+
+
+LOST_BY_THE_LAUNCHERS = "lost during the attempt (it sent no report of a failure, as the launchers' records name it)"
+
+
+def _blame_named_lost(out: NodesOutcome, named_lost: list[str], host_nodes: dict[str, list[str]],
+                      alloc_hosts: Sequence[str]) -> None:
+    """Blame, as a root, each node the launchers named as lost (their records' root of a cycle
+    in which the node sent no report), unless it is already blamed: an elastic job (``--nnodes
+    MIN:MAX``) goes on and may finish without the node, and the node history must still say
+    which node the job lost, not nothing (nor a survivor whose collective broke)."""
+    for host in dict.fromkeys(named_lost):
+        nodes = host_nodes.get(host) or ([host] if host in alloc_hosts else [])
+        if len(nodes) != 1:
+            continue  # no node of this allocation, or several virtual nodes on one host: unknown
+        if nodes[0] not in out.lost:
+            out.lost.append(nodes[0])
+        if nodes[0] not in out.bad_nodes and nodes[0] not in out.roots:
+            out.blame(nodes[0], LOST_BY_THE_LAUNCHERS, root=True)
 
 
 @dataclass(frozen=True)

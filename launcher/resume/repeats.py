@@ -63,11 +63,15 @@ class LauncherResult:
         roots: Root node names that are plain host names.
         fingerprint: 12 hex digits, or empty (absent, malformed, or an older launcher).
         fingerprint_text: One line, at most 200 characters, or empty.
+        lost: Nodes the launcher's records named as a lost root in any cycle of its run (a node
+            that sent no report of a failure), plain host names; also after a run that went on
+            without the node and succeeded.
     """
 
     roots: tuple[str, ...] = ()
     fingerprint: str = ""
     fingerprint_text: str = ""
+    lost: tuple[str, ...] = ()
 
 
 def parse_launcher_result(text: str) -> LauncherResult:
@@ -78,10 +82,11 @@ def parse_launcher_result(text: str) -> LauncherResult:
         if sep:
             values[key] = value
     roots = tuple(name for name in values.get("root_nodes", "").split(",") if is_node_name(name))
+    lost = tuple(name for name in values.get("lost_nodes", "").split(",") if is_node_name(name))
     fingerprint = values.get("fingerprint", "").strip().lower()
     if not is_fingerprint(fingerprint):
-        return LauncherResult(roots)
-    return LauncherResult(roots, fingerprint, " ".join(values.get("fingerprint_text", "").split())[:200])
+        return LauncherResult(roots, lost=lost)
+    return LauncherResult(roots, fingerprint, " ".join(values.get("fingerprint_text", "").split())[:200], lost)
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,53 @@ def test_node3_crash_with_nnodes_2_to_3_survivors_continue(cluster: ClusterRun):
         result = [e for e in events if e["event"] == "result"]
         assert result and result[-1].get("exit_code") == 0, (node, result)
     assert back < CRASH_RECOVERY_BOUND_S, back
+    _assert_node3_blamed(cluster, ("node1", "node2"))
+    cluster.assert_no_leftovers(crashed=("node3",))
+
+
+def _assert_node3_blamed(cluster: ClusterRun, survivors: tuple[str, ...]) -> None:
+    """node3 crashed: every survivor names node3 as the root of the cycle its collectives broke
+    in (issue 31 item 8), never one of its own ranks: its log line, its records, ft_report."""
+    for node in survivors:
+        failed = failures(cluster.events(node))
+        assert failed, node
+        for record in failed:
+            blamed = (record["role"], record.get("root_node"), record.get("root_outcome"))
+            assert blamed == ("collateral", "node3", "lost"), (node, record)
+            assert record.get("root_cause", "").startswith("node node3 (group rank "), record
+        # ft_job.sbatch: one log per node; autoresume.sh: every node's launcher in the job's output
+        text = cluster.log(node) + "".join(out.read_text(errors="replace")
+                                           for out in sorted(cluster.run_dir.glob("slurm-*.out")))
+        lines = [line for line in text.splitlines()
+                 if line.startswith("[ft_launcher] cycle ") and f" on node {node} " in line]
+        assert any("stopped waiting for node node3 (group rank " in line for line in lines), (node, lines)
+        assert not any(" failed: " in line for line in lines), (node, lines)  # no rank of its own as the root
+    report = subprocess.run([sys.executable, "-m", "launcher.events.report", str(cluster.run_dir / "events")],
+                            capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    roots = [line for line in report.stdout.splitlines() if "ROOT CAUSE:" in line]
+    assert roots and all("ROOT CAUSE: node node3 (group rank " in line for line in roots), report.stdout[-4000:]
+
+
+@pytest.mark.timeout(480)
+def test_node3_crash_under_autoresume_elastic_job_finishes_and_records_node3(cluster: ClusterRun):
+    """--nnodes 2:3 under autoresume.sh (sbatch --no-kill): node3 crashes, node1 and node2 train on
+    and finish. The survivors blame node3 (not their own ranks), and node_history.tsv records node3
+    as the node the attempt lost, though the attempt finished (issue 31 item 8)."""
+    job = cluster.submit_autoresume(nodes=3, launcher_args="--nnodes 2:3 --max-restarts 3",
+                                    train_args="--steps 300 --step-time 0.05 --save-every 10")
+    _wait_saved(cluster, 20)
+    cluster.fault("crash", "node3")
+    wait_for(lambda: (s := cluster.job_state(job)).get("JobState") == "COMPLETED"
+             and cluster.history() and s, 300, "the elastic job to finish")
+    history = cluster.history()
+    assert [h["decision"].split(":")[0] for h in history] == ["finished"], history
+    _assert_node3_blamed(cluster, ("node1", "node2"))
+    rows = [line.split("\t") for line in
+            (cluster.run_dir / "autoresume" / "node_history.tsv").read_text().splitlines()[1:]]
+    print(f"node_history.tsv: {rows}")
+    assert [r[:3] for r in rows if r[1] != "-"] == [["1", "node3", "bad"]], rows
+    assert ["1", "-", "clean"] == rows[0][:3], rows
     cluster.assert_no_leftovers(crashed=("node3",))
 
 

@@ -160,7 +160,7 @@ def test_result_file_names_this_node_when_its_rank_crashed_the_run(tmp_path):
     written = _result_file(result_path)
     # the fingerprint: launcher/decision/crash_loop.py
     assert {k: written.pop(k) for k in ("fingerprint", "fingerprint_text")}["fingerprint"]
-    assert written == {"exit_code": "1", "outcome": "failed", "root_nodes": socket.gethostname()}
+    assert written == {"exit_code": "1", "outcome": "failed", "root_nodes": socket.gethostname(), "lost_nodes": ""}
     # the workers never see the variable
     assert all("FT_LAUNCHER_RESULT_FILE" not in rec["env"] for rec in records(tmp_path).values())
 
@@ -174,7 +174,7 @@ def test_result_file_names_no_node_after_a_recovered_failure(tmp_path):
     assert result.returncode == 0, result.stderr
     written = _result_file(result_path)
     assert written.pop("fingerprint") and written.pop("fingerprint_text")  # the recovered failure's
-    assert written == {"exit_code": "0", "outcome": "succeeded", "root_nodes": ""}
+    assert written == {"exit_code": "0", "outcome": "succeeded", "root_nodes": "", "lost_nodes": ""}
 
 
 def test_result_file_in_a_missing_directory_is_a_usage_error(tmp_path):

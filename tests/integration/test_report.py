@@ -126,6 +126,11 @@ def test_ft_report_tells_the_story_root_cause_first(job):
     assert "2 attempt(s), 2 launcher run(s), 3 cycle(s); finished: yes" in summary
     assert "failures: 2 root cause(s), 1 worker(s) stopped as a consequence" in summary
     assert "mean time to recover" in summary and "over 2 recover(ies)" in summary
+    # what each failure cost: the ranks' steps against where the restart resumed (report_resumed)
+    assert "cost of the cycle 0 failure: failed in step 19, resumed from step 15 (periodic checkpoint" in out.stdout
+    assert "cost of the cycle 1 failure: failed in step 34, resumed from step 30 (just-in-time state" in out.stdout
+    assert "work redone: 8 step(s) over 2 of 2 failure(s) (1 from a periodic checkpoint, 1 from just-in-time state)" \
+        in summary
 
 
 def test_ft_report_figures_as_json(job):
@@ -137,6 +142,11 @@ def test_ft_report_figures_as_json(job):
     assert set(figures["mttr_by_kind_s"]) == {"hang (heartbeat)", "exit"}
     # the hang's recovery is in-job (one launcher); the crash's spans a new autoresume attempt
     assert figures["mttr_by_kind_s"]["hang (heartbeat)"] < figures["mttr_by_kind_s"]["exit"]
+    assert [(c["failed_step"], c["resumed_step"], c["source"]) for c in figures["failure_costs"]] == [
+        (19, 15, "checkpoint"), (34, 30, "jit")]
+    # 4 steps each at the median step time (50 ms of sleep and a heartbeat per step; loaded machine: < 0.2 s)
+    assert figures["redone_steps"] == 8 and 0.04 <= figures["step_s"] < 0.2
+    assert figures["redone_s"] == pytest.approx(8 * figures["step_s"], abs=0.01)
 
 
 def test_ft_report_plots_the_timeline(job, tmp_path):

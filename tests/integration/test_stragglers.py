@@ -124,36 +124,55 @@ def test_stop_if_detected_saves_and_stops_without_marking_the_run_finished(tmp_p
     assert stragglers and {e["action"] for e in stragglers} == {"stop"}, stragglers
 
 
-@pytest.mark.timeout(300)
-def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_training_resumes(tmp_path: Path) -> None:
-    # Two ft_launchers on this machine act as nodes a and b (one rank each, --nnodes 1:2). b's rank
-    # is 2x slower; with replace_after=2, b asks for ExcludeThisNode right after the first
-    # checkpoint saved once it was flagged in 2 reports in a row. b's launcher leaves (exit 65);
-    # a restarts alone and resumes from that checkpoint. last_call_timeout=10: the launchers start
-    # seconds apart on a loaded machine, and the first must wait for the second to form one job.
+def _two_nodes_with_b_slow(tmp_path: Path, nnodes: str, spare: bool = False) -> tuple[dict, dict[str, str]]:
+    """Nodes a and b (two ft_launchers on this machine, one rank each, c10d) under ``--nnodes
+    nnodes``; b's rank is 2x slower, the callback's action "replace" with replace_after=2 and a
+    checkpoint every 40 of 150 steps. Returns the launchers (ended) and their stderr by name.
+
+    ``spare``: a third launcher, c, joins once a and b's round has formed and waits as a spare;
+    the ranks hold before step 20 (before any report) until c has waited 10 s in the rendezvous
+    (its warm template's start says so), so that b's request meets a spare waiting.
+
+    a hosts the rendezvous store (the first launcher to bind the endpoint does): the node that
+    leaves must not be the one holding it, as on a cluster (the endpoint is node 1).
+    last_call_timeout=10: the launchers start seconds apart on a loaded machine, and the first must
+    wait for the second to form one job. join_timeout=60 (not the default 600 s) bounds a wait for
+    a node that never comes.
+    """
     from tests.integration.test_launcher_multinode import free_port
 
     port = free_port()
-    ckpt = tmp_path / "ckpt"
     cfg = {"max_steps": 150, "fwd_ms": 20, "bwd_ms": 20, "slow_node": "b", "slow_where": "forward",
-           "slow_factor": 2.0, "ckpt_dir": str(ckpt), "ckpt_every": 40,
+           "slow_factor": 2.0, "ckpt_dir": str(tmp_path / "ckpt"), "ckpt_every": 40,
            "cb": {"report_time_interval": 0.8, "calc_individual_gpu_perf": False, "action": "replace",
                   "replace_after": 2}}
+    go = tmp_path / "go"
+    # c10d drops a node whose keep-alive is late by keep_alive_interval x max_attempt: 2 s finds b gone
+    # soon, but on a loaded machine a late keep-alive of a or b frees a slot, and a spare that
+    # arrives then takes it (it goes on the wait list instead of the redundancy list)
+    keep = 2
+    if spare:
+        cfg["hold_file"] = str(go)
+        keep = 6
     procs = {}
-    for name in ("a", "b"):
+    for name in ("a", "b", "c") if spare else ("a", "b"):
         if name == "b":
-            # a hosts the rendezvous store (the first launcher to bind the endpoint does): the node
-            # that leaves must not be the one holding it, as on a cluster (the endpoint is node 1).
             wait_for(lambda: _listening(port), 60, "node a's rendezvous store")
+        if name == "c":
+            wait_for(lambda: _has_event(tmp_path / "a" / "events.jsonl", "cycle_start"), 120, "a and b's round")
         (tmp_path / name).mkdir()
         procs[name] = start_launcher(
-            ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            ["--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
              f"127.0.0.1:{port}", "--rdzv-id", f"job-{port}", "--max-restarts", "2", "--monitor-interval", "0.1",
-             "--rdzv-conf", "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=2",
+             "--rdzv-conf", f"join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt={keep}",
              "--ft-event-log", str(tmp_path / name / "events.jsonl"), *NULL_HEARTBEATS, WORKER, json.dumps(cfg)],
             env={"STRAGGLER_NODE": name})
     out = {}
     try:
+        if spare:
+            wait_for(lambda: _has_event(tmp_path / "c" / "events.jsonl", "warm_template_started"), 90,
+                     "node c waiting as a spare")
+            go.touch()
         for name, proc in procs.items():
             out[name] = proc.communicate(timeout=200)[1]
     finally:
@@ -163,6 +182,19 @@ def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_tra
                 out[name] = proc.communicate()[1]
         for name, text in out.items():
             (tmp_path / name / "stderr.txt").write_text(text)
+    return procs, out
+
+
+def _has_event(path: Path, kind: str) -> bool:
+    return path.exists() and bool(events_of(read_events(path), kind))
+
+
+@pytest.mark.timeout(300)
+def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_training_resumes(tmp_path: Path) -> None:
+    # --nnodes 1:2: the job can go on without b. With replace_after=2, b asks for ExcludeThisNode
+    # right after the first checkpoint saved once it was flagged in 2 reports in a row. b's
+    # launcher leaves (exit 65); a restarts alone and resumes from that checkpoint.
+    procs, out = _two_nodes_with_b_slow(tmp_path, "1:2")
     assert procs["b"].returncode == 65, out["b"][-4000:]
     assert procs["a"].returncode == 0, out["a"][-4000:]
     b_events = read_events(tmp_path / "b" / "events.jsonl")
@@ -172,6 +204,8 @@ def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_tra
     assert any(e["consecutive"] >= 2 for e in replace), replace
     requests = events_of(b_events, "control_request")
     assert requests and requests[0]["action"] == "ExcludeThisNode", requests
+    assert not events_of(b_events, "replace_refused")
+    assert "allows one node fewer than this round's 2" in out["b"], out["b"][-4000:]
     # b's launcher SIGKILLs its workers and leaves at once: a SIGTERM gave Lightning's SIGTERM
     # handling (or a graceful stop) the --term-timeout (30 s) first, and a waited that long
     left = events_of(b_events, "result")[-1]["ts"] - requests[0]["ts"]
@@ -187,6 +221,36 @@ def test_replace_a_node_flagged_k_times_leaves_after_the_next_checkpoint_and_tra
     assert "fit done: 150 steps" in out["a"]
 
 
+@pytest.mark.timeout(300)
+def test_replace_with_no_spare_and_no_node_to_spare_keeps_the_node_says_why_once_and_training_ends(
+        tmp_path: Path) -> None:
+    # --nnodes 2 and no spare: the job cannot go on without b. Before, b left anyway (exit 65) and a
+    # waited for a second node until join_timeout, then failed. Now b's launcher refuses the
+    # replace request of its rank: one line and one replace_refused record say why, and both nodes
+    # train to the end (exit 0), no restart.
+    procs, out = _two_nodes_with_b_slow(tmp_path, "2")
+    assert procs["b"].returncode == 0, out["b"][-4000:]
+    assert procs["a"].returncode == 0, out["a"][-4000:]
+    b_events = read_events(tmp_path / "b" / "events.jsonl")
+    requests = events_of(b_events, "control_request")
+    assert requests and {r["action"] for r in requests} == {"ExcludeThisNode"}, requests
+    (refused,) = events_of(b_events, "replace_refused")
+    assert (refused["nodes"], refused["min_nodes"], refused["spares_waiting"]) == (2, 2, 0), refused
+    lines = [line for line in out["b"].splitlines() if "not replaced:" in line]
+    assert len(lines) == 1, lines
+    assert ("requested ExcludeThisNode: straggler: node b flagged in 2 straggler reports in a row: not replaced: "
+            "no spare node waits and --nnodes allows no fewer than this job's 2 node(s) (MIN 2); training goes on"
+            ) in lines[0], lines
+    for name in ("a", "b"):
+        events = read_events(tmp_path / name / "events.jsonl")
+        assert not events_of(events, "failure"), (name, events_of(events, "failure"))
+        assert len(events_of(events, "cycle_start")) == 1, name  # no restart
+        assert "fit done: 150 steps" in out[name], out[name][-4000:]
+    # the job trained on after the refusal: it ended soon after, not after a rendezvous timeout
+    ended = events_of(b_events, "result")[-1]["ts"]
+    assert ended - refused["ts"] < 60, f"b ended {ended - refused['ts']:.1f} s after the refusal"
+
+
 def test_a_hand_written_loop_finds_the_slow_rank_through_ft_integration(tmp_path: Path) -> None:
     # ft_core.integration.straggler_detection() in a plain DDP loop (no Lightning): 3 ranks, rank 1's
     # forward 1.5x slower; it alone is flagged, from the second report on (the first, at step 10, has
@@ -199,3 +263,19 @@ def test_a_hand_written_loop_finds_the_slow_rank_through_ft_integration(tmp_path
     assert len(reports) >= 2, result.stdout + result.stderr[-3000:]
     assert reports[0]["relative"] in ([], [1]), reports
     assert all(r["relative"] == [1] for r in reports[1:]), reports
+
+
+@pytest.mark.timeout(300)
+def test_replace_at_nnodes_min_with_a_spare_waiting_replaces_the_node_with_the_spare(tmp_path: Path) -> None:
+    # --nnodes 2 and node c waiting as a spare (c10d's redundancy list: it came while the round was
+    # full): the job can go on without b, so b leaves (exit 65) and a restarts with c.
+    procs, out = _two_nodes_with_b_slow(tmp_path, "2", spare=True)
+    assert procs["b"].returncode == 65, out["b"][-4000:]
+    assert procs["a"].returncode == 0, out["a"][-4000:]
+    assert procs["c"].returncode == 0, out["c"][-4000:]
+    b_events = read_events(tmp_path / "b" / "events.jsonl")
+    assert not events_of(b_events, "replace_refused")
+    assert "(1 spare node(s) wait to take its place)" in out["b"], out["b"][-4000:]
+    assert len(events_of(read_events(tmp_path / "c" / "events.jsonl"), "cycle_start")) == 1
+    for name in ("a", "c"):
+        assert "fit done: 150 steps" in out[name], out[name][-4000:]

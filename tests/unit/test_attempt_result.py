@@ -43,10 +43,11 @@ def test_no_node_is_blamed_when_torch_named_no_worker_or_the_root_is_unknown():
 def test_the_file_is_key_value_lines_and_holds_only_host_names(tmp_path):
     path = tmp_path / "result"
     assert write_result(str(path), 1, "failed\nagain", ["node2", "bad name;rm -rf /", "n-3.cluster", ""])
-    assert path.read_text() == ("exit_code=1\noutcome=failed again\nroot_nodes=node2,n-3.cluster\n"
+    assert path.read_text() == ("exit_code=1\noutcome=failed again\nroot_nodes=node2,n-3.cluster\nlost_nodes=\n"
                                 "fingerprint=\nfingerprint_text=\n")
     assert write_result(str(path), 0, "succeeded", [])
-    assert path.read_text() == "exit_code=0\noutcome=succeeded\nroot_nodes=\nfingerprint=\nfingerprint_text=\n"
+    assert path.read_text() == ("exit_code=0\noutcome=succeeded\nroot_nodes=\nlost_nodes=\n"
+                                "fingerprint=\nfingerprint_text=\n")
 
 
 def test_the_fingerprint_is_one_printable_line(tmp_path):

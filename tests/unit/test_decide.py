@@ -43,6 +43,7 @@ def record(role: str) -> FailureRecord:
                          detected_at=1.0, role=role, fingerprint=FP, root_step=5)
 
 
+SLOW = "rank 1 (pid 9) requested ExcludeThisNode: straggler: node b flagged in 2 straggler reports in a row"
 ROOT_HERE = (record(ROOT),)
 ROOT_ELSEWHERE = (record(COLLATERAL),)
 
@@ -64,6 +65,21 @@ DECIDE_ROWS = [
     ("exclude requested",
      facts(request=WorkloadRequest.EXCLUDE, request_cause="rank 3 (pid 9) requested ExcludeThisNode: bad GPU"),
      (Action.LEAVE, 65, EXCLUDE_REASON, "rank 3 (pid 9) requested ExcludeThisNode: bad GPU")),
+    # issue 31 item 2: the straggler detector's replace request leaves only when the job can go on
+    ("replace: a spare waits at --nnodes MIN",
+     facts(MIN2, request=WorkloadRequest.REPLACE, request_cause=SLOW, group_world_size=2, spares_waiting=1),
+     (Action.LEAVE, 65, f"{EXCLUDE_REASON} (1 spare node(s) wait to take its place)", SLOW)),
+    ("replace: MIN allows one node fewer", facts(request=WorkloadRequest.REPLACE, request_cause=SLOW,
+                                                 group_world_size=2, spares_waiting=0),
+     (Action.LEAVE, 65, f"{EXCLUDE_REASON} (--nnodes MIN 1 allows one node fewer than this round's 2)", SLOW)),
+    ("replace: no spare, MIN is the round's size: kept",
+     facts(MIN2, request=WorkloadRequest.REPLACE, request_cause=SLOW, group_world_size=2, spares_waiting=0),
+     (Action.KEEP, None, f"{SLOW}: not replaced: no spare node waits and --nnodes allows no fewer than this job's "
+      f"2 node(s) (MIN 2); training goes on", SLOW)),
+    ("replace: spares not known, a single node: kept",
+     facts(request=WorkloadRequest.REPLACE, request_cause=SLOW, group_world_size=1),
+     (Action.KEEP, None, f"{SLOW}: not replaced: no spare node is known to wait and --nnodes allows no fewer than "
+      f"this job's 1 node(s) (MIN 1); training goes on", SLOW)),
     ("min-healthy re-check: too few healthy nodes", facts(MIN2, waiting=True, healthy_nodes=1),
      (Action.RESTART, None, "min-healthy: only 1 healthy node(s) left (< 2); restarting the workload", "")),
     ("min-healthy re-check: none healthy, no restarts left", facts(MIN2, remaining=0, waiting=True, healthy_nodes=0),
@@ -119,7 +135,7 @@ def test_decide(name, cycle_facts, expected):
     ("action", "outcome", "overrides"),
     [(Action.RESTART, None, False), (Action.WAIT, None, False), (Action.STOP, OUTCOME_FAILED, False),
      (Action.LEAVE, OUTCOME_EXCLUDED, True), (Action.REPEATED, OUTCOME_REPEATED, True),
-     (Action.SHUTDOWN, OUTCOME_SHUTDOWN, True)],
+     (Action.SHUTDOWN, OUTCOME_SHUTDOWN, True), (Action.KEEP, None, False)],
 )
 def test_the_result_outcome_of_each_action(action, outcome, overrides):
     assert Decision(action, "why").outcome == outcome
@@ -198,3 +214,14 @@ def test_kills_from_outside_are_restarted_not_stopped_as_a_repeat(exitcode, expe
     guard = CrashLoopGuard(2, 1)
     got = [_cycle_decision(guard, 0, exitcode, 25, remaining=5), _cycle_decision(guard, 1, exitcode, 23, remaining=4)]
     assert [(d.action, d.exit_code) for d in got] == expected, [d.reason for d in got]
+
+
+@pytest.mark.parametrize(("nodes", "min_nodes", "spares", "expected"), [
+    (2, 2, 0, False), (2, 2, None, False), (2, 2, 1, True), (2, 1, 0, True), (3, 2, None, True), (1, 1, 0, False),
+    (None, 1, 0, False), (1, 1, 2, True),
+])
+def test_one_test_says_whether_the_job_can_go_on_without_a_node(nodes, min_nodes, spares, expected):
+    # the crash-loop guard (launcher/decision/gather.py) and the replace request (rule 2) ask the same
+    assert RestartPolicy(RestartPolicyName.ANY_FAILED, min_nodes).can_lose_a_node(nodes, spares) is expected
+    gather = (REPO / "launcher" / "decision" / "gather.py").read_text(encoding="utf-8")
+    assert "self.policy.can_lose_a_node(" in gather and "min_nodes" not in gather

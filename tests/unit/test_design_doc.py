@@ -91,6 +91,7 @@ PACKAGE_ROOTS = ("ft_core", "launcher", "ptl_resiliency")
 CITED_PATH = re.compile(r"(?<![\w/.-])((?:ft_core|launcher|ptl_resiliency|tests|bench|scripts|examples)/[\w/.-]*\w)")
 NOT_FILES = {
     "bench/results": "written by the benchmarks when they run",
+    "bench/results/gpu-check.json": "written by make gpu-check when it runs",
     "launcher/scripts": "the installed package name of scripts/ (pyproject.toml)",
 }
 

@@ -79,6 +79,7 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
     ("docs/local-checkpoints.md", "LazyCliqueReplicationStrategy(),"):
         "needs a process group and node-local paths; tests/workers/local_ckpt_train.py builds the same objects "
         "with the same arguments and tests/integration/test_local_checkpoints.py runs it under ft_launcher",
+    ("docs/benchmarks.md", "bench/goodput_realistic.py"): "benchmark: 3 tools x 2 runs, about 12 minutes here",
     ("docs/benchmarks.md", "bench/soak.py"): "soak test: 11 and 4 minutes",
     ("docs/benchmarks.md", "bench/scale.py"): "scale benchmark: up to 128 simulated nodes",
     ("docs/benchmarks.md", "bench/straggler_overhead.py"): "benchmark: minutes",
@@ -89,9 +90,16 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
         "an sbatch script: needs a SLURM cluster (multinode.md's sbatch example, the same pattern, "
         "is run by tests/cluster/test_documented_sbatch.py)",
     ("docs/multinode.md", "scontrol show hostnames"): "srun and scontrol: runs only inside a SLURM allocation",
+    ("docs/jit-state.md", "ft_integration.track_state(model, optimizer, extra="):
+        "a fragment (your model, optimizer and checkpoint loader); tests/workers/jit_plain_train.py makes "
+        "the same calls under ft_launcher in tests/integration/test_jit_state_plain.py",
 }
 
 EXCLUDED: dict[tuple[str, str], str] = {
+    ("docs/jit-state.md", "cycle 0: rank 0 saved its state of step 137"): "output: the launcher's two lines",
+    ("docs/jit-state.md", "cycle 1: the newest just-in-time state"): "output: the agreement's fallback line",
+    ("docs/jit-state.md", "healed from node 0 (host-a)"): "output: the restart's line after a heal",
+    ("docs/jit-state.md", "healing from node 0 (host-a) failed"): "output: the fallback line after a failed heal",
     ("docs/autoresume.md", "attempt\tjob_id"): "output: an example history.tsv",
     ("docs/autoresume.md", "srun --nodes=$SLURM_NNODES"):
         "a synopsis ([optional] parts, <placeholders>), not a command",
@@ -103,7 +111,11 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("docs/launcher.md", "rank 1 froze (its process was stopped)"): "output: failure lines of one run",
     ("docs/launcher.md", "[ft_launcher] summary: 3 cycles"): "output: summary lines of two runs",
     ("docs/launcher.md", "wall time 17.1 s"): "output: ft_report's figures for one run",
+    ("docs/launcher.md", "[n1] cycle 1: rank 0 saved its just-in-time state"):
+        "output: ft_report's timeline lines of what failures cost (example values)",
     ("docs/stragglers.md", "GPU relative performance:"): "output: a 32-GPU run's log excerpt",
+    ("docs/stragglers.md", "not replaced: no spare node waits"):
+        "output: the launcher's line (tests/integration/test_stragglers.py::test_replace_with_no_spare_... asserts it)",
 }
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)

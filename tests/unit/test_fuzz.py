@@ -215,7 +215,7 @@ def test_saved_state_loads_back(state):
 
 
 @FUZZ
-@given(json_values | fields_of(["action", "description", "type", "rank"],
+@given(json_values | fields_of(["action", "description", "type", "rank", "only_if_replaceable"],
                                json_values | st.sampled_from([a.value for a in WorkloadAction])))
 def test_workload_control_request_parses_or_raises_value_error(data):
     try:

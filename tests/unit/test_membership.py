@@ -16,7 +16,7 @@ class FakeHandler:
 
     def __init__(self, participants: set[str], max_nodes: int, min_nodes: int = 1) -> None:
         self._state_holder = SimpleNamespace(state=SimpleNamespace(participants=dict.fromkeys(participants, 0),
-                                                                   wait_list=set()))
+                                                                   wait_list=set(), redundancy_list=set()))
         self._settings = SimpleNamespace(min_nodes=min_nodes, max_nodes=max_nodes)
         self._heartbeat_lock = threading.Lock()
         self.closed = False
@@ -123,3 +123,32 @@ def test_the_live_ranks_are_those_of_the_participants_still_in_the_round():
     assert proxy.live_group_ranks() == {0, 2}
     del fake._state_holder.state.participants  # a torch whose state this cannot read
     assert proxy.live_group_ranks() is None
+
+
+def test_spares_are_the_waiting_nodes_that_are_not_members_of_the_round():
+    # the straggler replace request asks it (issue 31 item 2): a spare takes the leaving node's place
+    fake, proxy = joined({"a", "b"}, 2, "any-failed", min_nodes=2)
+    assert proxy.spares_waiting() == 0
+    fake._state_holder.state.redundancy_list = {"c"}  # came while the round was full
+    assert proxy.spares_waiting() == 1
+    fake._state_holder.state.wait_list = {"b", "d"}  # b: a member restarting, not a spare
+    assert proxy.spares_waiting() == 2
+
+
+def test_spares_are_not_known_before_a_round_or_without_the_state():
+    proxy = MembershipHandler(FakeHandler({"a"}, 2), "any-failed")
+    assert proxy.spares_waiting() is None  # no round joined yet
+    fake, proxy = joined({"a"}, 2, "any-failed")
+    del fake._state_holder
+    assert proxy.spares_waiting() is None
+
+
+def test_spares_of_a_handler_with_its_own_view_are_its_new_nodes():
+    from launcher.rendezvous.barrier import MembershipView
+
+    view = MembershipView(waiting_members=1, waiting_new=2, participants=2, live_ranks=frozenset({0, 1}),
+                          min_nodes=2, max_nodes=2)
+    handler = SimpleNamespace(membership_view=lambda: view, next_rendezvous=lambda: "info")
+    assert MembershipHandler(handler, "any-failed").spares_waiting() == 2
+    handler.membership_view = lambda: None
+    assert MembershipHandler(handler, "any-failed").spares_waiting() is None

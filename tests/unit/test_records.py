@@ -38,7 +38,8 @@ TABLE_END = "<!-- end of records table -->\n"
 def required(cls: type) -> dict:
     """Values for the required fields of a record or message class."""
     samples = {"cycle": 3, "cause": "exit code 1", "cause_kind": "exit", "outcome": "failed", "pid": 42,
-               "kind": "heartbeat", "elapsed": 2.0, "timeout": 1.0, "signal": "SIGKILL", "detected_at": 5.0}
+               "kind": "heartbeat", "elapsed": 2.0, "timeout": 1.0, "signal": "SIGKILL", "detected_at": 5.0,
+               "step": 136, "source": "jit"}
     return {f.name: samples[f.name] for f in dataclasses.fields(cls)
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
 

@@ -230,3 +230,19 @@ def test_two_histories_or_only_a_history_are_clear_errors(tmp_path, capsys):
     assert report.main([str(first / "history.tsv")]) == 2
     assert "no event log among" in capsys.readouterr().err
 
+
+
+def test_a_refused_replace_request_is_on_the_timeline(tmp_path, capsys):
+    # issue 31 item 2: the launcher's line of a refused straggler replace request, in ft_report too
+    from launcher.events.records import LauncherStart, ReplaceRefused
+
+    why = ("rank 1 (pid 9) requested ExcludeThisNode: straggler: node b flagged in 2 straggler reports in a row: "
+           "not replaced: no spare node waits and --nnodes allows no fewer than this job's 2 node(s) (MIN 2); "
+           "training goes on")
+    records = [LauncherStart(ts=1000.0, time=_iso(1000.0), node="b", pid=1, run_id="r1", nnodes="2:2"),
+               ReplaceRefused(ts=1010.0, time=_iso(1010.0), node="b", pid=1, run_id="r1", cycle=0, reason=why,
+                              nodes=2, min_nodes=2, spares_waiting=0)]
+    path = tmp_path / "events.jsonl"
+    path.write_text("".join(json.dumps(r.to_wire()) + "\n" for r in records))
+    assert report.main([str(path)]) == 0
+    assert f"[b] {why}" in capsys.readouterr().out

@@ -236,6 +236,9 @@ MODULE_STATE_KEPT = {
     "ft_core/client/graceful_stop.py": {"_ARMED", "_AT_EXIT_REGISTERED", "_AT_FORK_REGISTERED"},  # atexit, fork
     "ft_core/client/straggler_channel.py": {"_said_no_launcher"},  # a note logged once per process
     "ft_core/client/rank_monitor_client.py": {"_live_clients"},  # closed at exit (atexit is process-wide)
+    # one rank per process: its just-in-time state, saved from the process-wide excepthook
+    "ft_core/client/jit_state.py": {"_default"},
+    "ft_core/client/plain_state.py": {"_provider", "_restored_step"},  # the plain loop's tracked model
 }
 _MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "collections.defaultdict", "deque", "collections.deque",
                   "OrderedDict", "collections.OrderedDict", "weakref.WeakSet", "weakref.WeakKeyDictionary",

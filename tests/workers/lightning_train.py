@@ -25,7 +25,11 @@ Config keys (all optional):
     hang: {"where": "step"|"setup"|"checkpoint"|"epoch_end", "step": N, "save": N,
            "rank": R, "cycle": C} -> sleep 600 s there
     fail: {"step": N, "exc": "RuntimeError"|"SystemExit0"|"SystemExit1"|"KeyboardInterrupt"
-           |"ShouldStop", "rank": R, "cycle": C}
+           |"ShouldStop"|"Exit1"|"SIGSTOP", "rank": R, "cycle": C} (Exit1: os._exit(1), a crash;
+           SIGSTOP: the rank stops itself, a hang)
+    adam: Adam instead of BoringModel's SGD (optimizer state worth comparing)
+    hash_steps: "step" reports (every batch end) and "started" carry "hash": the parameters' and the
+        optimizer state's SHA-256 (the exception report too)
     fail_in_setup: raise ValueError("model setup failed on purpose") in LightningModule.setup
     fault: {"params": SimulatedFaultParams dict, "cycle": C} -> simulated fault (in cycle C only)
     early_stop: log "loss" and add an EarlyStopping that stops at its first check
@@ -44,6 +48,7 @@ options above "batch" (kind, index, open sections) and "collectives".
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -123,6 +128,10 @@ class Model(BoringModel):
                 raise KeyboardInterrupt
             if kind == "ShouldStop":
                 self.trainer.should_stop = True
+            if kind == "Exit1":
+                os._exit(1)
+            if kind == "SIGSTOP":
+                os.kill(os.getpid(), signal.SIGSTOP)
         step_sleep = self.cfg.get("step_sleep_by_rank", {}).get(str(_rank()), self.cfg.get("step_sleep"))
         step_sleep = self.cfg.get("step_sleep_by_attempt", {}).get(os.environ.get("AUTORESUME_ATTEMPT", ""), step_sleep)
         if step_sleep:
@@ -132,6 +141,11 @@ class Model(BoringModel):
             self.log("loss", output["loss"])
         return output
 
+    def configure_optimizers(self) -> Any:
+        if self.cfg.get("adam"):
+            return torch.optim.Adam(self.parameters(), lr=0.01)
+        return super().configure_optimizers()
+
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.cfg.get("between_steps_sleep"):
             time.sleep(self.cfg["between_steps_sleep"])  # out of any section
@@ -140,6 +154,20 @@ class Model(BoringModel):
         hang = self.cfg.get("hang")
         if _selected(hang) and hang["where"] == "epoch_end":
             time.sleep(HANG_SECONDS)
+
+
+def state_hash(trainer: Trainer) -> str:
+    """SHA-256 of the model's parameters and buffers and the optimizers' state, in a fixed order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(trainer.lightning_module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    for optimizer in trainer.optimizers:
+        for index, state in sorted(optimizer.state_dict()["state"].items()):
+            for key, value in sorted(state.items()):
+                digest.update(f"{index}.{key}".encode())
+                digest.update(torch.as_tensor(value).detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 class SlowCheckpointIO(TorchCheckpointIO):
@@ -192,7 +220,8 @@ class Report(Callback):
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.cfg.get("report_steps"):
-            self.reporter.emit(op="step", global_step=trainer.global_step)
+            extra = {"hash": state_hash(trainer)} if self.cfg.get("hash_steps") else {}
+            self.reporter.emit(op="step", global_step=trainer.global_step, **extra)
 
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         if self.cfg.get("report_steps"):  # every rank builds the checkpoint; rank 0 writes it
@@ -203,6 +232,7 @@ class Report(Callback):
 
     def _emit(self, op: str, trainer: Trainer) -> None:
         client = self.ft.client if self.ft is not None else None
+        extra = {"hash": state_hash(trainer), "ckpt_path": trainer.ckpt_path} if self.cfg.get("hash_steps") else {}
         try:  # a warm-started worker is a child of the launcher's warm template (launcher/warm/zygote.py)
             parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
@@ -219,6 +249,7 @@ class Report(Callback):
             cluster_environment=type(getattr(trainer.strategy, "cluster_environment", None)).__name__,
             sigusr1_handler=repr(signal.getsignal(signal.SIGUSR1)),
             log_dir=trainer.log_dir,
+            **extra,
         )
 
 
@@ -302,7 +333,8 @@ def run(cfg: dict[str, Any]) -> Trainer:
     try:
         trainer.fit(model, ckpt_path=ckpt_path)
     except BaseException as exc:
-        reporter.emit(op="exception", exc=repr(exc), text=str(exc), global_step=trainer.global_step)
+        extra = {"hash": state_hash(trainer)} if cfg.get("hash_steps") else {}
+        reporter.emit(op="exception", exc=repr(exc), text=str(exc), global_step=trainer.global_step, **extra)
         raise
     reporter.emit(op="fit_end", global_step=trainer.global_step, resumed_from=ckpt_path)
     if cfg.get("linger"):

@@ -1,6 +1,8 @@
 """A rank for the ft_report tests, under scripts/autoresume.sh and ft_launcher (2 ranks).
 
-``report_worker.py`` sends heartbeats every 50 ms for about a second, except:
+``report_worker.py`` runs 20 steps of 50 ms (``set_step``, a heartbeat), from where it "resumed"
+(it tells its monitor with ``report_resumed``: from scratch, then a periodic checkpoint of step 15,
+then a just-in-time state of step 30: what ft_report sets against each failure's step), except:
 
 * autoresume attempt 1, cycle 0: rank 1 stops heartbeating (its monitor finds the hang);
 * attempt 1, cycle 1: rank 0 raises ``ValueError("bad batch 7")``, recorded for the launcher as
@@ -28,7 +30,10 @@ def main() -> int:
     attempt = int(os.environ["AUTORESUME_ATTEMPT"])
     client = RankMonitorClient()
     client.init_workload_monitoring()
-    for _ in range(20):
+    start, source = {(1, 0): (0, "scratch"), (1, 1): (15, "checkpoint")}.get((attempt, cycle), (30, "jit"))
+    client.report_resumed(start, source)
+    for step in range(start, start + 20):  # the hang is in step 19, the ValueError in step 34
+        client.set_step(step)
         client.send_heartbeat()
         time.sleep(0.05)
     if attempt == 1 and cycle == 0 and rank == 1:

@@ -12,7 +12,8 @@ phase takes 1.3x its normal measured time), cb (callback kwargs; node_name defau
 STRAGGLER_NODE environment variable), ckpt_dir / ckpt_every (ModelCheckpoint, resumes from
 last.ckpt), ft (add FaultToleranceCallback(autoresume=True)), jitter (each sleep varies +-20 %, random GC, a
 rare 5x step), val_every (a 20-batch evaluation every N steps), no_logging_setup (the script sets up no
-logging, as a user's script may not: what the callbacks print on their own).
+logging, as a user's script may not: what the callbacks print on their own), hold_file / hold_at (every
+rank waits before step hold_at, default 20, until hold_file exists; at most 120 s).
 """
 
 from __future__ import annotations
@@ -76,6 +77,15 @@ class Model(LightningModule):
             # 1.3x of this forward's own measured time: the extra 0.3x
             time.sleep((time.perf_counter() - started) * self.fwd_extra)
         return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # hold_file / hold_at: every rank waits before step hold_at until the file exists (the test
+        # readies something first, e.g. a spare node); outside the timed forward, so no score moves
+        hold = self.cfg.get("hold_file")
+        if hold and self.global_step == int(self.cfg.get("hold_at", 20)):
+            deadline = time.monotonic() + 120
+            while not os.path.exists(hold) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         time.sleep(self.fwd_s)

@@ -1,0 +1,84 @@
+"""Just-in-time state with the Lightning callbacks under a real ft_launcher: a 2-rank DDP job
+(CPU, gloo) with a periodic checkpoint every 100 steps; rank 1 fails at step 137; the restarted
+job resumes at step 137 (not 100) with the parameters and optimizer state the survivor had.
+
+Rank 0 reports a hash of its parameters and optimizer state after every step, and both ranks
+report it again once the restarted run restored its state (on_train_start)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_lightning_launcher import TRAIN_WORKER, launcher_args, reports
+from tests.launcher_util import events_of, read_events, run_launcher
+
+pytestmark = pytest.mark.slow
+
+FAIL_STEP = 137
+MAX_STEPS = 150
+
+
+def _config(root: Path, callback: str, exc: str) -> dict:
+    return {"callback": callback, "root": str(root), "ddp": True, "max_steps": MAX_STEPS, "ckpt_every": 100,
+            "resume": True, "adam": True, "report_steps": True, "hash_steps": True,
+            "fail": {"step": FAIL_STEP, "exc": exc, "rank": 1, "cycle": 0}}
+
+
+def _check_resumed_at_the_survivors_state(root: Path, events: list[dict], source: str) -> None:
+    saved = events_of(events, "state_saved")
+    assert [(s["cycle"], s["step"], s["source"]) for s in saved] == [(0, FAIL_STEP, source)], saved
+    survivor = {r["global_step"]: r["hash"] for r in reports(root, 0, 0, "step")}
+    # The survivor completed step 137 and never got further (the failed rank stopped step 138).
+    assert max(survivor) == FAIL_STEP, sorted(survivor)[-3:]
+    for rank in (0, 1):
+        started = reports(root, rank, 1, "started")[0]
+        assert started["global_step"] == FAIL_STEP, started  # not 100: the periodic checkpoint
+        assert started["hash"] == survivor[FAIL_STEP], (rank, started["hash"], survivor[FAIL_STEP])
+        assert started["ckpt_path"].endswith(f"state-{FAIL_STEP:010d}.pt"), started["ckpt_path"]
+        assert reports(root, rank, 1, "fit_end")[0]["global_step"] == MAX_STEPS
+    # The periodic checkpoint the user's script passed was there, and older.
+    assert (root / "ckpt" / "last.ckpt").exists()
+    assert [c["cycle"] for c in events_of(events, "cycle_start")] == [0, 1]
+    # each rank told the launcher where it resumed from (ft_report's steps redone)
+    resumed = sorted((r["cycle"], r["rank"], r["step"], r["source"]) for r in events_of(events, "resumed"))
+    assert resumed == [(0, 0, 0, "scratch"), (0, 1, 0, "scratch"), (1, 0, FAIL_STEP, "jit"),
+                       (1, 1, FAIL_STEP, "jit")], resumed
+    assert events_of(events, "result")[0]["outcome"] == "succeeded"
+
+
+def test_a_crash_at_step_137_resumes_at_137_from_the_survivors_exception_path(tmp_path):
+    root = tmp_path / "run"
+    result = run_launcher(
+        launcher_args(tmp_path, "--ft-param-initial_rank_heartbeat_timeout", "120",
+                      "--ft-param-rank_heartbeat_timeout", "60", max_restarts=1)
+        + [TRAIN_WORKER, json.dumps(_config(root, "heartbeats", "Exit1"))],
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    events = read_events(tmp_path / "events.jsonl")
+    failures = events_of(events, "failure")
+    assert {(f["cycle"], f["rank"]) for f in failures if f["cause_kind"] == "exit"} >= {(0, 1)}
+    _check_resumed_at_the_survivors_state(root, events, "exception")
+    survivor_exc = reports(root, 0, 0, "exception")
+    assert survivor_exc and survivor_exc[0]["global_step"] == FAIL_STEP  # its backward raised
+    assert "resuming from the just-in-time state of step 137" in result.stdout + result.stderr
+
+
+def test_a_hang_at_step_137_resumes_at_137_from_the_blocked_survivors_copy(tmp_path):
+    root = tmp_path / "run"
+    result = run_launcher(
+        launcher_args(tmp_path, "--ft-param-rank_heartbeat_timeout", "null",
+                      "--ft-param-initial_rank_heartbeat_timeout", "null",
+                      "--ft-param-rank_section_timeouts", "setup:120,step:4,checkpointing:60",
+                      "--ft-param-rank_out_of_section_timeout", "60", max_restarts=1)
+        + [TRAIN_WORKER, json.dumps(_config(root, "sections", "SIGSTOP"))],
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    events = read_events(tmp_path / "events.jsonl")
+    assert any(f["cycle"] == 0 and f["cause_kind"] == "hang" for f in events_of(events, "failure"))
+    _check_resumed_at_the_survivors_state(root, events, "blocked")
+    assert not reports(root, 0, 0, "exception")  # the survivor was blocked, then stopped: no exception path
