@@ -75,6 +75,10 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "bench/monitor_footprint.py"): BENCH,
     ("docs/benchmarks.md", "bench/lightning_overhead.py"): BENCH,
     ("docs/benchmarks.md", "bench/goodput.py"): BENCH,
+    ("docs/local-checkpoints.md", "bench/local_checkpoint_overhead.py"): BENCH,
+    ("docs/local-checkpoints.md", "LazyCliqueReplicationStrategy(),"):
+        "needs a process group and node-local paths; tests/workers/local_ckpt_train.py builds the same objects "
+        "with the same arguments and tests/integration/test_local_checkpoints.py runs it under ft_launcher",
     ("docs/benchmarks.md", "bench/goodput_realistic.py"): "benchmark: 3 tools x 2 runs, about 12 minutes here",
     ("docs/benchmarks.md", "bench/soak.py"): "soak test: 11 and 4 minutes",
     ("docs/benchmarks.md", "bench/scale.py"): "scale benchmark: up to 128 simulated nodes",

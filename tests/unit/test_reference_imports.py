@@ -33,6 +33,15 @@ MODULES = {
         "ptl_resiliency.fault_tolerance_sections_callback",
     "nvidia_resiliency_ext.ptl_resiliency.straggler_det_callback": "ptl_resiliency.straggler_det_callback",
     "nvidia_resiliency_ext.straggler": "ft_core.straggler",
+    "nvidia_resiliency_ext.ptl_resiliency.local_checkpoint_callback": "ptl_resiliency.local_checkpoint_callback",
+    "nvidia_resiliency_ext.checkpointing.local.base_state_dict": "ft_core.checkpointing.local.base_state_dict",
+    "nvidia_resiliency_ext.checkpointing.local.basic_state_dict": "ft_core.checkpointing.local.basic_state_dict",
+    "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager":
+        "ft_core.checkpointing.local.ckpt_managers.base_manager",
+    "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager":
+        "ft_core.checkpointing.local.ckpt_managers.local_manager",
+    "nvidia_resiliency_ext.checkpointing.local.replication.strategies":
+        "ft_core.checkpointing.local.replication.strategies",
 }
 
 # (reference module, public name) for every name we provide.
@@ -62,6 +71,16 @@ PROVIDED = [
     ("nvidia_resiliency_ext.ptl_resiliency", "StragglerDetectionCallback"),
     ("nvidia_resiliency_ext.ptl_resiliency.straggler_det_callback", "StragglerDetectionCallback"),
     *[("nvidia_resiliency_ext.straggler", name) for name in ("Detector", "Report", "StragglerId", "CallableId")],
+    # local checkpoints (issue 33)
+    *[("nvidia_resiliency_ext.ptl_resiliency.local_checkpoint_callback", name) for name in (
+        "LocalCheckpointCallback", "HierarchicalCheckpointIO", "LOCAL_CKPT_OPTS_KEY")],
+    ("nvidia_resiliency_ext.checkpointing.local.base_state_dict", "TensorAwareStateDict"),
+    ("nvidia_resiliency_ext.checkpointing.local.basic_state_dict", "BasicTensorAwareStateDict"),
+    *[("nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager", name) for name in (
+        "BaseCheckpointManager", "CheckpointingException")],
+    ("nvidia_resiliency_ext.checkpointing.local.ckpt_managers.local_manager", "LocalCheckpointManager"),
+    *[("nvidia_resiliency_ext.checkpointing.local.replication.strategies", name) for name in (
+        "ReplicationStrategy", "CliqueReplicationStrategy", "LazyCliqueReplicationStrategy")],
 ]
 
 # Public names and modules of the reference we do not provide; docs/porting.md says why.
@@ -70,7 +89,7 @@ NOT_PROVIDED = [
     "InitMsg", "HeartbeatMsg", "SectionMsg", "UpdateConfigMsg", "OkMsg", "ErrorMsg", "RankMonitorLogger",
     "utils", "dict_utils", "ipc_connector", "_ft_rendezvous", "_torch_elastic_compat", "LocalElasticAgent",
     "LaunchConfig", "elastic_launch", "launch_agent", "config_from_args", "parse_args", "UnhealthyNodeException",
-    "local_checkpoint_callback", "enable_nic_monitor",
+    "enable_nic_monitor", "SameMachineReplicationException", "TensorPlaceholder", "group_utils",
 ]
 
 

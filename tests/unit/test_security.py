@@ -260,6 +260,9 @@ ALLOWED = {
     # `python script.py` would; only this launcher's children, same uid, may ask (security.md).
     ("launcher/warm/zygote.py", "runpy.run_path"),
     ("launcher/warm/zygote.py", "runpy.run_module"),
+    # A local checkpoint: this rank's own checksummed file or a replica from a rank of the same job
+    # (its process group), loaded with weights_only as Lightning's load asks (torch's safe default).
+    ("ft_core/checkpointing/local/ckpt_managers/base_manager.py", "torch.load"),
     # A Lightning run resumes from its just-in-time state: Lightning's own checkpoint dict, read as
     # Lightning reads a checkpoint (it holds hyperparameters, not only tensors). The file is this
     # job's: written 0600 in the launcher's 0700 run dir (or a peer node's copy) and checked against

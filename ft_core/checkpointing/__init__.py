@@ -1,0 +1,1 @@
+"""Checkpointing helpers; :mod:`ft_core.checkpointing.local` holds node-local checkpoints."""

@@ -1,0 +1,1 @@
+"""Local checkpoint managers: the abstract :class:`BaseCheckpointManager` and :class:`LocalCheckpointManager`."""
