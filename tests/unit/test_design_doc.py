@@ -99,13 +99,15 @@ NOT_FILES = {
 def _map_folders() -> set[str]:
     text = DESIGN.read_text()
     block = text.split("## Module map", 1)[1].split("```", 2)[1]
-    folders, top = set(), None
+    folders, path = set(), []
     for line in block.splitlines():
         if match := re.match(r"(\w+)/\s", line):
-            top = match.group(1)
-            folders.add(top)
-        elif match := re.match(r"[├└]── (\w+)/\s", line):
-            folders.add(f"{top}/{match.group(1)}")
+            path = [match.group(1)]
+            folders.add(path[0])
+        elif match := re.search(r"[├└]── (\w+)/\s", line):
+            depth = match.start() // 4  # each level of the tree is indented by four columns
+            path = [*path[:depth + 1], match.group(1)]
+            folders.add("/".join(path))
     return folders
 
 
