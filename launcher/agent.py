@@ -341,6 +341,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         if self._last_failure_at is None:
             # Not our failure: another node restarted or joined (torch saw nodes waiting).
             self._events.record_event(Restart(cycle=self.cycle, reason="another node entered the rendezvous"))
+            self._cycle_workers.save_before_restart()  # torch's restart stops this node's workers next
         super()._restart_workers(worker_group)
 
     # ------------------------------------------------------------------ monitoring

@@ -200,6 +200,14 @@ class CycleWorkers:
         self.stopped_by_us.update(survivors)
         self._workers.terminate(survivors, self._workers_stop_timeout)
 
+    def save_before_restart(self) -> bool:
+        """torch restarts this node's workers for another node (it failed, or a node joined): one
+        survivor saves its just-in-time state first, as after a failure here (the workers of a
+        node whose peer failed are blocked in a collective, holding the state of their last step).
+        True if a state of this cycle is saved."""
+        running = [r for r, status in self.statuses().items() if status is None]
+        return self._survivor_save.run(self.cycle, running, self.watch.reports)
+
     def _hangs_fail_the_cycle(self, worker_group: Any, result: RunResult) -> RunResult:
         """A detected hang fails the cycle whatever the hung worker's exit status (a SIGTERM
         handler may exit 0): add the hung workers torch saw succeed."""
