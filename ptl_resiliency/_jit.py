@@ -1,4 +1,4 @@
-"""The fault tolerance callbacks' just-in-time state part (issue 32, ``docs/jit-state.md``).
+"""The fault tolerance callbacks' just-in-time state part (``docs/jit-state.md``).
 
 One per callback; :class:`~ptl_resiliency._session.FitSession` drives it through a ``fit`` run:
 

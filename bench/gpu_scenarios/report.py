@@ -148,7 +148,7 @@ def doc_section(document: Mapping[str, Any] | None) -> list[str]:
     """The GPU check section of ``docs/benchmarks.md`` for the last recorded GPU run (or none yet)."""
     lines = [SECTION_TITLE, "",
              "Not run by `make bench`: it needs CUDA. `make gpu-check` (`bench/gpu_check.py`) runs the six "
-             "scenarios of issue 34 on the GPUs of the machine it runs on, within 8 minutes on one GPU, and prints "
+             "GPU scenarios below on the GPUs of the machine it runs on, within 8 minutes on one GPU, and prints "
              "this table (JSON in `bench/results/gpu-check.json`). It needs no venv and no network: it picks the "
              "first Python whose torch sees CUDA (`GPU_CHECK_PYTHON=...` to choose), puts the repository on "
              "`PYTHONPATH` and runs `python -m launcher` as `ft_launcher`; `GPU_CHECK_ARGS='--only nccl_hang "

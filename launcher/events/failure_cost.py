@@ -1,4 +1,4 @@
-"""What each failure cost in training steps: ``ft_report``'s "steps redone" (issue 32).
+"""What each failure cost in training steps: ``ft_report``'s "steps redone" (docs/jit-state.md).
 
 A failure throws away the work between the state the restart resumes from and the step the job was
 in when it failed. The event log knows both ends:
