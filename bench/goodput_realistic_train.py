@@ -40,6 +40,8 @@ from typing import Any  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench._util import ProgressRecorder  # noqa: E402
+
 RANK = int(os.environ.get("RANK", "0"))
 ROWS, DIM, BATCH = 409_600, 64, 512
 
@@ -58,22 +60,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-class Recorder:
-    """Rank 0's progress lines, written unbuffered so that a kill loses nothing written."""
-
-    def __init__(self, path: Path) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if RANK == 0 else None
-
-    def line(self, *fields: object) -> None:
-        if self.fd is not None:
-            os.write(self.fd, (" ".join(str(f) for f in fields) + "\n").encode())
-
-
 def main() -> None:
     args = parse_args()
     bench_dir = args.run_dir / "bench"
     bench_dir.mkdir(parents=True, exist_ok=True)
-    recorder = Recorder(bench_dir / "progress.log")
+    recorder = ProgressRecorder(bench_dir / "progress.log", RANK)
     recorder.line("start", os.getpid(), f"{STARTED:.6f}")
     faults = json.loads(args.faults)
 
