@@ -436,8 +436,11 @@ def test_importing_ft_core_does_not_import_torch():
 def test_a_shorter_timeout_restarts_the_clock_instead_of_firing_at_once(monitored):
     # The last heartbeat is older than the newly calculated timeout when it is set; the rank just
     # proved it is alive by sending the update, so the new timeout counts from the update.
+    # Minimums of LATENESS_BOUND, not 0.1 s: the new timeout stays far below the 1.6 s gap, and a
+    # rank that a loaded CI machine does not schedule for 0.1 s between two heartbeats is no hang.
+    minimums = {name: LATENESS_BOUND for name in TINY_MINIMUMS}
     cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=60, rank_heartbeat_timeout=60, safety_factor=2.0,
-                               **TINY_MINIMUMS)
+                               **minimums)
     rank, link, _ = monitored(cfg, [
         ["init"], ["hb", 3, 0.05], ["sleep", 1.6], ["calc_hb"], ["hb", 20, 0.02], ["shutdown"],
     ])
