@@ -48,6 +48,11 @@ class LightningJit:
         """The just-in-time state this process's run resumed from (its ``SavedState``), else None."""
         return self._restore.restored
 
+    @property
+    def restored_source(self) -> str:
+        """``jit_shared`` when :attr:`restored` is a previous job's copy (a requeue), else ``jit``."""
+        return "jit_shared" if self._restore.from_shared else "jit"
+
     def open(self, trainer: pl.Trainer, collectives: Collectives) -> None:
         """Arm the restore of ``FT_JIT_RESUME`` for this run (before Lightning restores anything)."""
         self._restore.install(trainer, collectives)

@@ -29,11 +29,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Optional
 
+from ft_core.client import requeue_state
 from ft_core.client.collectives import Collectives
 from ft_core.client.ranklog import RankLoggerAdapter
 from ft_core.wire import saved_state
 from ft_core.wire.env import FT_JIT_RESUME_ENV_VAR, FT_JIT_RESUME_STEP_ENV_VAR, FT_JIT_STATE_DIR_ENV_VAR
-from ptl_resiliency._jit_state import KIND, sharding_reason
+from ptl_resiliency._jit_state import KIND, checkpoint_dir_of, sharding_reason
 from ptl_resiliency._lightning import pl
 
 RESTORE_METHOD = "_restore_modules_and_callbacks"
@@ -100,6 +101,8 @@ class JitRestore:
         self._wrapper: Optional[Callable[..., Any]] = None
         self.restored: Optional[saved_state.SavedState] = None
         """The state this run resumed from, once restored."""
+        self.from_shared = False
+        """Whether :attr:`restored` is a previous job's copy in the checkpoint directory."""
 
     def install(self, trainer: pl.Trainer, collectives: Collectives) -> bool:
         """Wrap the connector's restore for this process's first ``fit`` when just-in-time state is
@@ -145,6 +148,8 @@ class JitRestore:
         _used_in_process = True
         state, why = resume_candidate()
         instead = f"the checkpoint {user_path}" if user_path else "the start (no ckpt_path)"
+        if state is None and not why and os.environ.get(FT_JIT_STATE_DIR_ENV_VAR):
+            return self._choose_shared(trainer, collectives, user_path, instead)
         decision: Optional[str] = None
         if collectives.rank() == 0:
             refusal = sharding_reason(trainer.strategy)
@@ -179,6 +184,31 @@ class JitRestore:
             self._log.warning("resuming from the just-in-time state of step %s (saved by rank %s in cycle %s, "
                               "%s path) instead of %s", state.step, state.rank, state.cycle, state.source, instead)
         return state
+
+    def _choose_shared(self, trainer: pl.Trainer, collectives: Collectives, user_path: Any,
+                       instead: str) -> Optional[saved_state.SavedState]:
+        """No state named (a new job, e.g. a requeue): the newest state a previous job copied to
+        ``<ModelCheckpoint dirpath>/ft_jit_state/`` that every rank can read, unless the user's
+        checkpoint was written after it (collectives: all ranks)."""
+        refusal = sharding_reason(trainer.strategy)
+        directory = None if refusal else requeue_state.shared_state_dir(checkpoint_dir_of(trainer))
+        state = requeue_state.agree_on_shared_state(directory, KIND, collectives,
+                                                    lambda s: not self._user_is_newer(user_path, s))
+        if state is None:
+            return None
+        self.from_shared = True
+        if collectives.rank() == 0:
+            self._log.warning("resuming from the just-in-time state of step %s that a previous job copied to %s "
+                              "(saved by rank %s, %s path) instead of %s", state.step, state.payload_path,
+                              state.rank, state.source, instead)
+        return state
+
+    def _user_is_newer(self, user_path: Any, state: saved_state.SavedState) -> bool:
+        if not newer_than(user_path, state):
+            return False
+        self._log.info("the checkpoint %s was written after the just-in-time state of step %s in %s: resuming "
+                       "from it", user_path, state.step, os.path.dirname(state.payload_path))
+        return True
 
 
 @contextmanager

@@ -181,7 +181,8 @@ class FitSession:
         except Exception:  # a feature that helps after failures must not cause one
             self._log.exception("fault tolerance: just-in-time state is off for this run")
         # where this run resumed from, for ft_report's steps redone (once per fit; fail-open)
-        source = "jit" if self.jit.restored is not None else "checkpoint" if trainer.ckpt_path else "scratch"
+        source = (self.jit.restored_source if self.jit.restored is not None
+                  else "checkpoint" if trainer.ckpt_path else "scratch")
         with contextlib.suppress(Exception):
             self._session.client.report_resumed(int(trainer.global_step), source)
 

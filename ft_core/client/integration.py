@@ -535,12 +535,14 @@ def on_checkpoint_loaded(is_local_chkpt: bool, step: Optional[int] = None) -> No
 
 
 def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = None,
-                   load_extra: Optional[Callable[[dict[str, Any]], None]] = None) -> Optional[int]:
+                   load_extra: Optional[Callable[[dict[str, Any]], None]] = None,
+                   checkpoint_dir: Optional[str] = None) -> Optional[int]:
     """See :func:`ft_core.client.plain_state.load_jit_state`; a restored state is also reported to
     the launcher (where the restart resumed from: ``ft_report``'s steps redone)."""
-    step = plain_state.load_jit_state(model, optimizer, newer_than=newer_than, load_extra=load_extra)
+    step = plain_state.load_jit_state(model, optimizer, newer_than=newer_than, load_extra=load_extra,
+                                      checkpoint_dir=checkpoint_dir)
     if step is not None:
-        _default.report_resumed(step, "jit")
+        _default.report_resumed(step, plain_state.restored_source() or "jit")
     return step
 
 

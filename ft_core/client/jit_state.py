@@ -144,6 +144,11 @@ class JitState:
     def provider(self) -> Optional[StateProvider]:
         return self._provider
 
+    @property
+    def shared_dir(self) -> Optional[str]:
+        """``<checkpoint_dir>/ft_jit_state`` of the last :meth:`attach`, or None."""
+        return self._shared_dir
+
     def attach(self, provider: StateProvider, checkpoint_dir: Optional[str] = None) -> bool:
         """Use ``provider``'s state from now on; start the state thread if needed.
 

@@ -18,7 +18,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
-from ft_core.client import jit_state
+from ft_core.client import jit_state, requeue_state
+from ft_core.client.collectives import TorchDistributedCollectives
 from ft_core.wire import saved_state
 from ft_core.wire.env import FT_JIT_RESUME_ENV_VAR
 
@@ -109,6 +110,7 @@ def _cpu_copy(value: Any, clone: bool = True) -> Any:
 
 _provider: Optional[PlainStateProvider] = None
 _restored_step: Optional[int] = None  # load_jit_state before track_state: the provider starts from it
+_restored_source: Optional[str] = None
 
 
 def track_state(model: Any, optimizer: Any, *, extra: Optional[Extra] = None,
@@ -137,22 +139,36 @@ def track_state(model: Any, optimizer: Any, *, extra: Optional[Extra] = None,
 
 
 def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = None,
-                   load_extra: Optional[Callable[[dict[str, Any]], None]] = None) -> Optional[int]:
-    """Restore the just-in-time state the launcher agreed on, if there is one.
+                   load_extra: Optional[Callable[[dict[str, Any]], None]] = None,
+                   checkpoint_dir: Optional[str] = None) -> Optional[int]:
+    """Restore the just-in-time state the launcher agreed on, or a requeued job's shared copy.
+
+    With ``FT_JIT_RESUME`` (a restart: the launcher agreed on a state) that state is loaded.
+    Without it (a new job, e.g. a requeue), the ranks agree through the process group on the
+    newest state of ``<checkpoint_dir>/ft_jit_state/`` that every rank can read with the same
+    checksum (:mod:`ft_core.client.requeue_state`): call it on every rank, after
+    ``init_process_group``.
 
     Args:
         model: The module to load into (the same wrapping as when it was saved).
         optimizer: Its optimizer.
         newer_than: The step of the periodic checkpoint you loaded: a state not newer is not used.
         load_extra: Receives the ``extra`` dict saved with the state.
+        checkpoint_dir: Where a previous job copied its states; default: the one given to
+            :func:`track_state`.
 
     Returns:
         The completed step restored (continue with the next one), or None: nothing to restore (not
         restarted after a failure, no agreed state, a corrupt one: one warning), use your checkpoint.
     """
+    global _restored_source
+    _restored_source = None
     path = os.environ.get(FT_JIT_RESUME_ENV_VAR)
     if not path:
-        return None
+        state = _shared_candidate(newer_than, checkpoint_dir)
+        if state is None:
+            return None
+        return _load(state, model, optimizer, load_extra, "jit_shared")
     state = saved_state.read_manifest(os.path.join(os.path.dirname(path), saved_state.manifest_name(
         _step_of(path))))
     if state is None or state.payload_path != path or state.kind != "plain" or not saved_state.verify(state):
@@ -163,6 +179,35 @@ def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = No
         logger.info("just-in-time state of step %s is not newer than the checkpoint of step %s; not used",
                     state.step, newer_than)
         return None
+    return _load(state, model, optimizer, load_extra, "jit")
+
+
+def restored_source() -> Optional[str]:
+    """Where the last :func:`load_jit_state` restored from: ``jit`` (the launcher's agreed state),
+    ``jit_shared`` (a previous job's copy in the checkpoint directory), or None (nothing)."""
+    return _restored_source
+
+
+def _shared_candidate(newer_than: Optional[int], checkpoint_dir: Optional[str]) -> Optional[saved_state.SavedState]:
+    """The previous job's state every rank agreed on, or None (see :mod:`requeue_state`)."""
+    state_dir = jit_state.get_jit_state()
+    if not state_dir.enabled:
+        return None  # not under ft_launcher, or --ft-jit-state false: nothing is restored
+    directory = requeue_state.shared_state_dir(checkpoint_dir) if checkpoint_dir else state_dir.shared_dir
+    collectives = TorchDistributedCollectives()
+    world = os.environ.get("WORLD_SIZE", "1")
+    if collectives.world_size() == 1 and world.isdigit() and int(world) > 1:
+        if directory:
+            logger.warning("the just-in-time state in %s is not used: load_jit_state needs the process group "
+                           "(call it after init_process_group) to agree on it with the other ranks", directory)
+        return None
+    return requeue_state.agree_on_shared_state(
+        directory, "plain", collectives, lambda s: newer_than is None or s.step > newer_than)
+
+
+def _load(state: saved_state.SavedState, model: Any, optimizer: Any,
+          load_extra: Optional[Callable[[dict[str, Any]], None]], source: str) -> Optional[int]:
+    path = state.payload_path
     import torch
 
     try:
@@ -178,12 +223,16 @@ def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = No
     optimizer.load_state_dict(payload["optimizer"])
     if load_extra is not None and payload.get("extra") is not None:
         load_extra(payload["extra"])
-    global _restored_step
-    _restored_step = state.step
+    global _restored_step, _restored_source
+    _restored_step, _restored_source = state.step, source
     if _provider is not None and _provider.optimizer is optimizer:
         _provider.step = state.step
-    logger.info("resumed from the just-in-time state of step %s (saved by rank %s, %s path)", state.step,
-                state.rank, state.source)
+    if source == "jit_shared":
+        logger.info("resumed from the just-in-time state of step %s that the previous job copied to %s (saved by "
+                    "rank %s, %s path)", state.step, path, state.rank, state.source)
+    else:
+        logger.info("resumed from the just-in-time state of step %s (saved by rank %s, %s path)", state.step,
+                    state.rank, state.source)
     return state.step
 
 

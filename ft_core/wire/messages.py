@@ -197,9 +197,10 @@ class RankFinished(Message):
     stop_signal: str | None = field(default=None, metadata=meta(omit_none=True))
 
 
-RESUME_SOURCES = ("jit", "checkpoint", "scratch")
-"""Where a restarted rank's state came from: the survivors' just-in-time state, a periodic
-checkpoint, or nothing (training from its start)."""
+RESUME_SOURCES = ("jit", "jit_shared", "checkpoint", "scratch")
+"""Where a restarted rank's state came from: the survivors' just-in-time state, the copy of it a
+previous job left in the checkpoint directory (a requeued job), a periodic checkpoint, or nothing
+(training from its start)."""
 _MAX_STEP = 2**63 - 1
 
 

@@ -29,9 +29,11 @@ from typing import Any, Optional
 from launcher.events.records import ROLE_ROOT, Failure, JitStateNotSaved, JitStateSaved, Resumed
 from launcher.events.runs import Cycle, LauncherRecords, RunReport, failed_at, failure_kind, record_time, role
 
-SOURCE_WORDS = {"jit": "just-in-time state", "checkpoint": "periodic checkpoint", "scratch": "from scratch"}
+SOURCE_WORDS = {"jit": "just-in-time state", "jit_shared": "a previous job's just-in-time state",
+                "checkpoint": "periodic checkpoint", "scratch": "from scratch"}
 """How ``ft_report`` names each ``resumed`` source."""
-_FROM_WORDS = {"jit": "from just-in-time state", "checkpoint": "from a periodic checkpoint", "scratch": "from scratch"}
+_FROM_WORDS = {"jit": "from just-in-time state", "jit_shared": "from a previous job's just-in-time state",
+               "checkpoint": "from a periodic checkpoint", "scratch": "from scratch"}
 
 
 @dataclass
