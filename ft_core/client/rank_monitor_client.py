@@ -215,8 +215,9 @@ class RankMonitorClient:
         Args:
             step: The completed step the restored state holds (training continues with the
                 next one); 0 for a start from scratch.
-            source: ``jit`` (the survivors' just-in-time state), ``checkpoint`` (a periodic
-                checkpoint) or ``scratch``.
+            source: ``jit`` (the survivors' just-in-time state), ``jit_shared`` (the copy of it a
+                previous job left in the checkpoint directory: a requeued job), ``checkpoint`` (a
+                periodic checkpoint) or ``scratch``.
 
         Raises:
             RankMonitorClientError: ``step`` is not an int >= 0 or ``source`` not one of those.

@@ -112,7 +112,7 @@ def test_ranks_that_do_not_report_where_they_resumed_leave_the_cost_unknown(tmp_
 
 @pytest.mark.parametrize(("step", "source", "error"), [
     (-1, "jit", "'step' must be an int"), (True, "jit", "'step' must be an int"), ("3", "jit", "'step' must be"),
-    (3, "later", "'source' must be one of jit, checkpoint, scratch"), (3, None, "'source' must be one of"),
+    (3, "later", "'source' must be one of jit, jit_shared, checkpoint, scratch"), (3, None, "'source' must be one of"),
 ])
 def test_the_monitor_refuses_a_resumed_report_it_cannot_use(step, source, error):
     with pytest.raises(ValueError, match=error):
