@@ -100,6 +100,7 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("docs/jit-state.md", "cycle 1: the newest just-in-time state"): "output: the agreement's fallback line",
     ("docs/jit-state.md", "healed from node 0 (host-a)"): "output: the restart's line after a heal",
     ("docs/jit-state.md", "healing from node 0 (host-a) failed"): "output: the fallback line after a failed heal",
+    ("docs/jit-state.md", "that the previous job copied to"): "output: a requeued plain loop's line",
     ("docs/autoresume.md", "attempt\tjob_id"): "output: an example history.tsv",
     ("docs/autoresume.md", "srun --nodes=$SLURM_NNODES"):
         "a synopsis ([optional] parts, <placeholders>), not a command",
