@@ -11,16 +11,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 import time
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader
 
 from ft_core.client.ranklog import RankLoggerAdapter
 from ft_core.wire import saved_state
-from ft_core.wire.env import FT_JIT_RESUME_ENV_VAR, FT_JIT_RESUME_STEP_ENV_VAR
+from ft_core.wire.env import FT_JIT_RESUME_ENV_VAR, FT_JIT_RESUME_STEP_ENV_VAR, FT_JIT_STATE_DIR_ENV_VAR
 from ptl_resiliency import _jit_restore
 from ptl_resiliency._collectives import StrategyCollectives
 from ptl_resiliency._jit_restore import JitRestore
@@ -423,3 +425,52 @@ def test_with_the_feature_on_but_no_state_every_rank_still_takes_part_and_nothin
     assert arm.restore._connector is None and arm.steps == [0] and arm.restore.restored is None
     assert _jit_restore._used_in_process  # it did run the choice (and its broadcast)
     assert not [r for r in caplog.records if r.name == "test.jit"]
+
+
+# ---------------------------------------------------------------------- a requeued job
+
+
+@pytest.fixture
+def requeue_env(tmp_path, jit_env, monkeypatch):
+    """jit_env's state of step 3 as a previous job left it in ``<ModelCheckpoint dirpath>/ft_jit_state``;
+    a new job: no FT_JIT_RESUME, just-in-time state on."""
+    state, expected = jit_env
+    shared = tmp_path / "ckpt" / saved_state.JIT_SUBDIR
+    shared.mkdir(parents=True)
+    for path in (state.payload_path, state.manifest_path):
+        shutil.copyfile(path, shared / os.path.basename(path))
+    monkeypatch.delenv(FT_JIT_RESUME_ENV_VAR)
+    monkeypatch.delenv(FT_JIT_RESUME_STEP_ENV_VAR)
+    monkeypatch.setenv(FT_JIT_STATE_DIR_ENV_VAR, str(tmp_path / "new_run_state"))
+    return shared / os.path.basename(state.payload_path), expected
+
+
+def test_a_requeued_fit_resumes_from_the_previous_jobs_copy(tmp_path, requeue_env, caplog):
+    payload, expected = requeue_env
+    arm = ArmRestore()
+    with caplog.at_level(logging.INFO):
+        trainer_for(tmp_path, [arm, ModelCheckpoint(dirpath=tmp_path / "ckpt")], enable_checkpointing=True,
+                    max_steps=4).fit(Model(), ckpt_path=tmp_path / "old.ckpt")
+    assert arm.steps == [3] and arm.hash == expected
+    assert arm.restore.restored is not None and arm.restore.restored.payload_path == str(payload)
+    assert arm.restore.from_shared
+    assert "that a previous job copied to" in caplog.text
+
+
+def test_a_user_checkpoint_written_after_the_previous_jobs_copy_wins(tmp_path, requeue_env, caplog):
+    trainer = trainer_for(tmp_path, [], max_steps=1)
+    trainer.fit(Model())
+    time.sleep(0.05)
+    trainer.save_checkpoint(tmp_path / "newer.ckpt")  # step 1, written after the copy of step 3
+    arm = ArmRestore()
+    with caplog.at_level(logging.INFO):
+        trainer_for(tmp_path, [arm, ModelCheckpoint(dirpath=tmp_path / "ckpt")], enable_checkpointing=True,
+                    max_steps=2).fit(Model(), ckpt_path=tmp_path / "newer.ckpt")
+    assert arm.steps == [1] and arm.restore.restored is None and not arm.restore.from_shared
+    assert "was written after the just-in-time state of step 3" in caplog.text
+
+
+def test_without_a_model_checkpoint_nothing_is_read(tmp_path, requeue_env):
+    arm = ArmRestore()
+    trainer_for(tmp_path, [arm], max_steps=3).fit(Model(), ckpt_path=tmp_path / "old.ckpt")
+    assert arm.steps == [2] and arm.restore.restored is None
