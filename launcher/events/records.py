@@ -538,7 +538,9 @@ class Resumed(EventRecord):
     local_rank: int | None = _f()
     worker_pid: int | None = _f()
     step: int | None = _f(doc="the completed step it restored (training continues with the next); 0 from scratch")
-    source: str | None = _f(doc="`jit` (just-in-time state), `checkpoint` (a periodic one) or `scratch`")
+    source: str | None = _f(doc="`jit` (just-in-time state), `jit_shared` (a previous job's just-in-time state "
+                            "from the checkpoint directory: a requeued job), `checkpoint` (a periodic one) or "
+                            "`scratch`")
 
 
 @dataclass(kw_only=True)
