@@ -93,7 +93,8 @@ def test_a_corrupt_shared_copy_falls_back_to_the_checkpoint_with_a_warning(tmp_p
     payload.write_bytes(bytes(data))
     result, events = _plain_job(tmp_path / "job2", ckpt, short_tmp, None)
     assert result.returncode == 0, result.stderr[-6000:]
-    assert result.stderr.count(f"just-in-time state of step {FAIL_STEP} in {ckpt / 'ft_jit_state'} is corrupt") == 2
+    # one warning for the job: rank 0 does not offer it, so no other rank reads it
+    assert result.stderr.count(f"just-in-time state of step {FAIL_STEP} in {ckpt / 'ft_jit_state'} is corrupt") == 1
     for rank in (0, 1):
         started = _plain_lines(tmp_path / "job2", rank, "started")[0]
         assert started["step"] == 100 and started["source"] == "ckpt", started
