@@ -190,10 +190,10 @@ def restored_source() -> Optional[str]:
 
 def _shared_candidate(newer_than: Optional[int], checkpoint_dir: Optional[str]) -> Optional[saved_state.SavedState]:
     """The previous job's state every rank agreed on, or None (see :mod:`requeue_state`)."""
-    state_dir = jit_state.get_jit_state()
-    if not state_dir.enabled:
+    this_rank = jit_state.get_jit_state()
+    if not this_rank.enabled:
         return None  # not under ft_launcher, or --ft-jit-state false: nothing is restored
-    directory = requeue_state.shared_state_dir(checkpoint_dir) if checkpoint_dir else state_dir.shared_dir
+    directory = requeue_state.shared_state_dir(checkpoint_dir) if checkpoint_dir else this_rank.shared_dir
     collectives = TorchDistributedCollectives()
     world = os.environ.get("WORLD_SIZE", "1")
     if collectives.world_size() == 1 and world.isdigit() and int(world) > 1:

@@ -163,3 +163,45 @@ def test_plain_loop_round_trip(tmp_path, monkeypatch):
         stream.seek(50)
         stream.write(b"\x00\x01\x02")
     assert plain_state.load_jit_state(fresh, fresh_optimizer) is None
+
+
+def test_a_plain_loop_of_a_new_job_loads_the_previous_jobs_shared_copy(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from ft_core.client import jit_state, plain_state
+
+    ckpt = tmp_path / "ckpt"
+    monkeypatch.setenv("FT_JIT_STATE_DIR", str(tmp_path / "job1"))
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", "")
+    monkeypatch.delenv("FT_JIT_RESUME", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(jit_state, "_default", None)
+    monkeypatch.setattr(plain_state, "_provider", None)
+    monkeypatch.setattr(plain_state, "_restored_step", None)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.Adam(model.parameters())
+    assert plain_state.track_state(model, optimizer, checkpoint_dir=str(ckpt))
+    for _ in range(3):
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+    assert jit_state.save_now("exception").ok
+    # the next job: a new run directory, no FT_JIT_RESUME; the same checkpoint directory
+    monkeypatch.setenv("FT_JIT_STATE_DIR", str(tmp_path / "job2"))
+    monkeypatch.setattr(jit_state, "_default", None)
+    fresh = torch.nn.Linear(4, 4)
+    fresh_optimizer = torch.optim.Adam(fresh.parameters())
+    assert plain_state.track_state(fresh, fresh_optimizer, checkpoint_dir=str(ckpt))
+    assert plain_state.load_jit_state(fresh, fresh_optimizer, newer_than=3) is None  # not newer
+    assert plain_state.load_jit_state(fresh, fresh_optimizer, newer_than=1) == 3
+    assert plain_state.restored_source() == "jit_shared"
+    assert torch.equal(model.weight, fresh.weight)
+    # several ranks but no process group to agree through: not used, one warning
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with caplog.at_level(logging.WARNING):
+        assert plain_state.load_jit_state(fresh, fresh_optimizer) is None
+    assert "needs the process group" in caplog.text and plain_state.restored_source() is None
+    # just-in-time state off (--ft-jit-state false): nothing is read
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("FT_JIT_STATE_DIR")
+    monkeypatch.setattr(jit_state, "_default", None)
+    assert plain_state.load_jit_state(fresh, fresh_optimizer, checkpoint_dir=str(ckpt)) is None
