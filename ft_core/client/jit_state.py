@@ -239,7 +239,12 @@ class JitState:
                 state = saved_state.write(self.state_dir, step, _torch_writer(captured), kind=provider.kind,
                                           source=source, started=started, **_rank_fields(),
                                           still_valid=lambda: provider.completed_step() == step
-                                          and not provider.in_update())
+                                          and not provider.in_update(), publish=False)
+                # The local manifest last: the launcher takes it as "saved" and may stop this rank
+                # at once, so the shared copy (for a requeued job) must be complete before it.
+                state = self._copy_to_shared(state)
+                state = replace(state, seconds=round(time.monotonic() - started, 4))
+                saved_state.rewrite_manifest(state)
             except saved_state.StateChanged:
                 saved_state.release(self.state_dir, step)
                 return SaveResult(ok=False, step=step, source=source,
@@ -248,7 +253,6 @@ class JitState:
                 saved_state.release(self.state_dir, step)
                 raise
             del captured
-            state = self._copy_to_shared(state)
             saved_state.prune(self.state_dir)
             result = SaveResult(ok=True, step=step, path=state.payload_path, bytes=state.bytes,
                                 seconds=round(time.monotonic() - started, 4), source=source)
@@ -258,8 +262,8 @@ class JitState:
             return result
 
     def _copy_to_shared(self, state: saved_state.SavedState) -> saved_state.SavedState:
-        """Copy a saved state to the user's checkpoint directory (for other nodes and a requeued
-        job); the local manifest then names the copy."""
+        """Copy a saved state's payload to the user's checkpoint directory (for other nodes and a
+        requeued job); the returned state (whose manifest the caller writes) names the copy."""
         if not self._shared_dir:
             return state
         try:
@@ -270,7 +274,6 @@ class JitState:
                                        durable=True)
             saved_state.prune(self._shared_dir)
             state = replace(state, shared_path=shared.payload_path)
-            saved_state.rewrite_manifest(state)
         except OSError as err:
             logger.warning("just-in-time state: could not copy step %s to %s: %s", state.step, self._shared_dir, err)
         return state

@@ -147,7 +147,7 @@ class StateChanged(Exception):
 def write(directory: str, step: int, write_payload: Callable[[str], None], *, kind: str, source: str,
           rank: int = -1, local_rank: int = -1, cycle: int = -1, world_size: int = -1,
           started: float | None = None, durable: bool = False,
-          still_valid: Callable[[], bool] | None = None) -> SavedState:
+          still_valid: Callable[[], bool] | None = None, publish: bool = True) -> SavedState:
     """Write one state: the payload (through ``write_payload``), then its manifest, atomically.
 
     The payload goes to a temporary name, is checksummed by reading it back in chunks (faster
@@ -164,6 +164,8 @@ def write(directory: str, step: int, write_payload: Callable[[str], None], *, ki
         durable: fsync the payload (off for node-local state: a lost node loses it anyway).
         still_valid: Asked after the payload is written, before the manifest: False discards the
             payload (the state changed while it was written) and raises :class:`StateChanged`.
+        publish: Write the manifest; False leaves that to the caller (:func:`rewrite_manifest`),
+            e.g. once a copy elsewhere is complete: readers see the state only from then on.
 
     Returns:
         The saved state.
@@ -190,7 +192,8 @@ def write(directory: str, step: int, write_payload: Callable[[str], None], *, ki
                            rank=rank, local_rank=local_rank, node=socket.gethostname(), cycle=cycle,
                            saved_at=time.time(), seconds=0.0, world_size=world_size)
         state = dataclasses.replace(state, seconds=round(time.monotonic() - started, 4))
-        atomic_write_text(state.manifest_path, json.dumps(state.manifest(), sort_keys=True) + "\n", mode=0o600)
+        if publish:
+            atomic_write_text(state.manifest_path, json.dumps(state.manifest(), sort_keys=True) + "\n", mode=0o600)
     except BaseException:
         for path in (tmp, payload):
             with contextlib.suppress(OSError):

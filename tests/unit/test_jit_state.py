@@ -205,3 +205,25 @@ def test_a_plain_loop_of_a_new_job_loads_the_previous_jobs_shared_copy(tmp_path,
     monkeypatch.delenv("FT_JIT_STATE_DIR")
     monkeypatch.setattr(jit_state, "_default", None)
     assert plain_state.load_jit_state(fresh, fresh_optimizer, checkpoint_dir=str(ckpt)) is None
+
+
+def test_the_local_manifest_appears_only_once_the_shared_copy_is_complete(tmp_path, monkeypatch):
+    """The launcher counts a local manifest as saved and may stop the rank at once: the copy a
+    requeued job reads must be complete by then."""
+    from ft_core.client import jit_state as module
+
+    jit = JitState(state_dir=str(tmp_path / "local"), monitor_socket="")
+    jit.attach(Provider(), checkpoint_dir=str(tmp_path / "ckpt"))
+    seen = []
+    real_copy = module.shutil.copyfile
+
+    def copy(source, target):
+        seen.append(saved_state.newest(str(tmp_path / "local")))
+        return real_copy(source, target)
+
+    monkeypatch.setattr(module.shutil, "copyfile", copy)
+    assert jit.save_now().ok
+    assert seen == [None]
+    local = saved_state.newest(str(tmp_path / "local"))
+    assert local is not None and local.shared_path.startswith(str(tmp_path / "ckpt"))
+    assert saved_state.verify(saved_state.newest(str(tmp_path / "ckpt" / saved_state.JIT_SUBDIR)))
