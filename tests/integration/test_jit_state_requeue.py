@@ -65,7 +65,9 @@ def _first_plain_job(tmp_path: Path, short_tmp: str) -> tuple[Path, str]:
     assert result.returncode != 0, "the first job fails (no restarts left)"
     saved = events_of(events, "state_saved")
     assert [(s["step"], s["source"]) for s in saved] == [(FAIL_STEP, "exception")], saved
-    assert (ckpt / "ft_jit_state" / STATE).exists(), sorted(p.name for p in (ckpt / "ft_jit_state").iterdir())
+    # complete: the payload and its manifest (the rank is stopped once its local manifest is there)
+    shared = sorted(p.name for p in (ckpt / "ft_jit_state").iterdir())
+    assert STATE in shared and STATE.replace(".pt", ".json") in shared, shared
     survivor = next(r["hash"] for r in _plain_lines(tmp_path / "job1", 0, "step") if r["step"] == FAIL_STEP)
     return ckpt, survivor
 
@@ -122,7 +124,8 @@ def test_a_requeued_lightning_job_resumes_from_the_previous_jobs_state(tmp_path)
                                     {"step": FAIL_STEP, "exc": "Exit1", "rank": 1, "cycle": 0})
     assert result.returncode != 0, "the first job fails (no restarts left)"
     assert [(s["step"], s["source"]) for s in events_of(events, "state_saved")] == [(FAIL_STEP, "exception")]
-    assert (root / "ckpt" / "ft_jit_state" / STATE).exists()
+    shared = sorted(p.name for p in (root / "ckpt" / "ft_jit_state").iterdir())
+    assert STATE in shared and STATE.replace(".pt", ".json") in shared, shared
     survivor = {r["global_step"]: r["hash"] for r in reports(root, 0, 0, "step")}
     job1 = root / "job1"
     job1.mkdir()
