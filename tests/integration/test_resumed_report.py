@@ -24,7 +24,7 @@ def test_report_resumed_reaches_the_launcher_once_even_when_called_before_init(s
         ], path, {"RANK": "3", "LOCAL_RANK": "0"})
         assert rank.next_event("try")["error"] is None
         assert "'step' must be an int" in rank.next_event("try")["error"]
-        assert "'source' must be one of jit, checkpoint, scratch" in rank.next_event("try")["error"]
+        assert "'source' must be one of jit, jit_shared, checkpoint, scratch" in rank.next_event("try")["error"]
         assert "'step' must be an int" in rank.next_event("try")["error"]
         assert rank.wait(30) == 0
         resumed = wait_event(link, "rank_resumed")
