@@ -30,8 +30,10 @@ goodput as ``bench/goodput.py`` computes it, with the loss and in a fault-free r
 launchers (``--baseline-runs``).
 
 Run: ``python bench/goodput_node_loss.py [--json]`` prints the table; ``--quick``: a small state and
-a short run (a functional check, used by tests/integration/test_goodput_node_loss.py). NVRx is not
-run here: see docs/benchmarks.md (its launcher and local checkpoints on CPU).
+a short run (a functional check, used by tests/integration/test_goodput_node_loss.py);
+``--peer-python .venv-peer/bin/python`` adds NVRx 0.4.1's ft_launcher (``make bench-peer`` builds that
+venv), which resumes from the periodic checkpoint: its local checkpoints do not run here (their
+asynchronous save needs CUDA: ``bench/nvrx_local_checkpoint_cpu.py``, docs/local-checkpoints.md).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from bench._util import REPO, become_subreaper, descendants, emit, kill_descenda
 from bench.goodput import analyse, launcher_path  # noqa: E402
 from bench.goodput_realistic import TRAIN, _cell, _events, _median, fault_costs, read_progress  # noqa: E402
 
-TOOLS = ("ours_nojit", "ours_jit")
+TOOLS = ("ours_nojit", "ours_jit", "nvrx")
 NODES = ("a", "b", "spare")
 QUICK = {"max_steps": 240, "checkpoint_every": 80, "rows": 4096, "step_time": 0.01, "hb_timeout": 3.0,
          "baseline_runs": 0}
@@ -76,15 +78,18 @@ def plan_node_loss(seed: int, max_steps: int, checkpoint_every: int) -> int:
 
 def node_command(tool: str, args: argparse.Namespace, name: str, port: int, run_dir: Path, events: Path,
                  faults: list[dict[str, Any]]) -> list[str]:
-    """One node's ft_launcher around the training job: 2 nodes of 1 rank, c10d on 127.0.0.1."""
-    command = [str(launcher_path("ours", None)), "--nnodes", "2", "--nproc-per-node", "1",
+    """One node's ft_launcher (ours, or NVRx's with ``--peer-python``) around the training job: 2 nodes
+    of 1 rank, c10d on 127.0.0.1."""
+    impl = "nvrx" if tool == "nvrx" else "ours"
+    ours = [] if impl == "nvrx" else ["--warm-preload", "torch,torch.distributed,torch._dynamo",
+                                      "--ft-event-log", str(events), "--ft-jit-state",
+                                      "true" if tool == "ours_jit" else "false"]
+    command = [str(launcher_path(impl, args.peer_python)), "--nnodes", "2", "--nproc-per-node", "1",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"node-loss-{port}",
                "--rdzv-conf", f"{RDZV_CONF},is_host={'true' if name == 'a' else 'false'}",
                "--max-restarts", "3", "--monitor-interval", "0.1",
                "--ft-initial-rank-heartbeat-timeout", "120", "--ft-rank-heartbeat-timeout", str(args.hb_timeout),
-               "--warm-preload", "torch,torch.distributed,torch._dynamo", "--ft-event-log", str(events),
-               "--ft-jit-state", "true" if tool == "ours_jit" else "false",
-               str(TRAIN), "--run-dir", str(run_dir), "--impl", "ours", "--max-steps", str(args.max_steps),
+               *ours, str(TRAIN), "--run-dir", str(run_dir), "--impl", impl, "--max-steps", str(args.max_steps),
                "--checkpoint-every", str(args.checkpoint_every), "--step-time", str(args.step_time),
                "--rows", str(args.rows), "--faults", json.dumps(faults), "--fault-rank", "-1"]
     return command + (["--jit"] if tool == "ours_jit" else [])
@@ -157,10 +162,12 @@ def drive(tool: str, args: argparse.Namespace, base: Path, run_dir: Path, loss_s
             start_new_session=True)
 
     try:
-        start("a")  # the store's host first: the others connect to it
-        _wait(lambda: _has_event(events["a"], "launcher_start"), deadline, procs)
+        progress = run_dir / "bench" / "progress.log"
+        start("a")  # the store's host first: the others connect to it (and retry until it listens)
+        if tool != "nvrx":  # NVRx writes no event log
+            _wait(lambda: _has_event(events["a"], "launcher_start"), deadline, procs)
         start("b")
-        _wait(lambda: _has_event(events["b"], "cycle_start"), deadline, procs)
+        _wait(lambda: _has_event(events["b"], "cycle_start") if tool != "nvrx" else progress.exists(), deadline, procs)
         start("spare")  # the round of a and b is complete: it waits as a spare
         record = run_dir / "bench" / "fault_0.json"
         while time.time() < deadline and (procs["a"].poll() is None or procs["spare"].poll() is None):
@@ -168,7 +175,8 @@ def drive(tool: str, args: argparse.Namespace, base: Path, run_dir: Path, loss_s
                 fault = json.loads(record.read_text())
                 kill_node(procs["b"].pid)
                 info["killed"] = {"after_record_s": round(time.time() - fault["time"], 3)}
-                info["spare_waiting_at_loss"] = _has_event(events["spare"], "monitors_started")
+                info["spare_waiting_at_loss"] = (_has_event(events["spare"], "monitors_started") if tool != "nvrx"
+                                                 else None)  # no event log to tell
             time.sleep(0.05)
         info["exit_codes"] = {name: p.poll() if p.poll() is not None else "timeout" for name, p in procs.items()}
     finally:
@@ -230,7 +238,8 @@ def one_run(tool: str, args: argparse.Namespace, loss_step: Optional[int], keep_
         fault = json.loads(record.read_text()) if record.exists() else None
         result = {"tool": tool, "node_loss_planned": loss_step, "exit_codes": info["exit_codes"],
                   "killed": info["killed"], "spare_waiting_at_loss": info["spare_waiting_at_loss"],
-                  "left_behind": [_cmdline(p) for p in descendants(os.getpid()) if _live(p)], "load_average": [round(v, 1) for v in load],
+                  "left_behind": [_cmdline(p) for p in descendants(os.getpid()) if _live(p)],
+                  "load_average": [round(v, 1) for v in load],
                   "finished_flag": (run_dir / "finished.flag").exists(),
                   **analyse(run_dir, started, ended, args.max_steps)}
         kill_descendants()  # and reap the zombies
@@ -277,7 +286,8 @@ def tool_figures(with_loss: list[dict], fault_free: list[dict]) -> dict[str, Any
 
 def table(figures: dict[str, dict[str, Any]]) -> str:
     """The Markdown table of docs/benchmarks.md: one column per tool."""
-    names = {"ours_nojit": "ours, no JIT (`--ft-jit-state false`)", "ours_jit": "ours, JIT state + healing"}
+    names = {"ours_nojit": "ours, no JIT (`--ft-jit-state false`)", "ours_jit": "ours, JIT state + healing",
+             "nvrx": "NVRx 0.4.1"}
     rows = [("node losses recovered / injected", lambda f: f"{f['losses_recovered']}/{f['losses_injected']}"),
             ("resumed from", lambda f: ", ".join(f["resumed_from"]) or "-"),
             ("steps lost (median / max)", lambda f: f"{_cell(f['steps_lost_median'])} / {_cell(f['steps_lost_max'])}"),
@@ -301,7 +311,9 @@ def table(figures: dict[str, dict[str, Any]]) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=list(TOOLS))
+    parser.add_argument("--tools", nargs="+", choices=TOOLS, default=None,
+                        help="default: ours_nojit ours_jit, and nvrx with --peer-python")
+    parser.add_argument("--peer-python", default=None, help="interpreter of the venv with NVRx installed")
     parser.add_argument("--runs", type=int, default=1, help="runs with a node loss per tool")
     parser.add_argument("--baseline-runs", type=int, default=1, help="fault-free runs per tool")
     parser.add_argument("--max-steps", type=int, default=1200)
@@ -322,6 +334,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         for key, value in QUICK.items():
             if getattr(given, key) is unset:
                 setattr(args, key, value)
+    args.tools = args.tools or [t for t in TOOLS if t != "nvrx" or args.peer_python]
+    if "nvrx" in args.tools and not args.peer_python:
+        parser.error("--tools nvrx needs --peer-python")
     become_subreaper()
     loss_step = plan_node_loss(args.seed, args.max_steps, args.checkpoint_every)
     runs: dict[str, list[dict]] = {t: [] for t in args.tools}

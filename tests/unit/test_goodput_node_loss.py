@@ -26,7 +26,11 @@ def test_the_loss_comes_after_the_first_checkpoint_at_a_seeded_step():
 
 
 def test_only_node_a_hosts_the_store_and_only_the_given_faults_reach_a_node(tmp_path):
-    args = argparse.Namespace(max_steps=300, checkpoint_every=100, step_time=0.01, rows=64, hb_timeout=5.0)
+    peer = tmp_path / "peer" / "bin"
+    peer.mkdir(parents=True)
+    (peer / "ft_launcher").touch()
+    args = argparse.Namespace(max_steps=300, checkpoint_every=100, step_time=0.01, rows=64, hb_timeout=5.0,
+                              peer_python=str(peer / "python"))
     faults = [{"step": 150, "kind": "node"}]
     a = bench.node_command("ours_jit", args, "a", 1234, tmp_path, tmp_path / "a.jsonl", [])
     b = bench.node_command("ours_nojit", args, "b", 1234, tmp_path, tmp_path / "b.jsonl", faults)
@@ -36,6 +40,10 @@ def test_only_node_a_hosts_the_store_and_only_the_given_faults_reach_a_node(tmp_
     assert b[b.index("--ft-jit-state") + 1] == "false" and "--jit" not in b
     assert json.loads(b[b.index("--faults") + 1]) == faults and json.loads(a[a.index("--faults") + 1]) == []
     assert b[b.index("--fault-rank") + 1] == "-1" and b[b.index("--nnodes") + 1] == "2"
+    # NVRx's launcher: none of our options, the training with NVRx's client
+    nvrx = bench.node_command("nvrx", args, "b", 1234, tmp_path, tmp_path / "b.jsonl", faults)
+    assert nvrx[0] == str(peer / "ft_launcher") and nvrx[nvrx.index("--impl") + 1] == "nvrx"
+    assert not {"--ft-jit-state", "--ft-event-log", "--warm-preload", "--jit"} & set(nvrx)
 
 
 def test_detection_ends_at_the_survivors_restart_record_and_healing_is_split_off_the_restart():
