@@ -48,6 +48,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -195,8 +196,6 @@ def drive(tool: str, args: argparse.Namespace, base: Path, run_dir: Path, loss_s
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
