@@ -30,7 +30,8 @@ goodput as ``bench/goodput.py`` computes it, with the loss and in a fault-free r
 (``--baseline-runs``). The fault-free run has no spare: a spare that waits when the job ends makes the
 node whose rank exits last restart it with the spare (torch's "another node entered the rendezvous"),
 redoing the steps since the last checkpoint, while the other node waits in torch's exit barrier
-(300 s); seen here on 2026-11-29, not a cost of a node loss.
+(300 s); seen here on 2026-11-29 (ft_launcher declines such a restart since: docs/multinode.md), not a
+cost of a node loss.
 
 Run: ``python bench/goodput_node_loss.py [--json]`` prints the table; ``--quick``: a small state and
 a short run (a functional check, used by tests/integration/test_goodput_node_loss.py);
