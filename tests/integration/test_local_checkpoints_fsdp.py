@@ -47,3 +47,30 @@ def test_a_lost_node_of_an_fsdp_job_restores_every_shard_from_its_peers_replica(
         assert start["fingerprint"] == saved[(rank, 4)], f"rank {rank}'s restored shard differs from the saved one"
         assert start["load"]["received"] == (start["node"] == "b"), start
     assert {r["rank"] for r in job.reports() if r["kind"] == "end" and r["step"] == 6} == set(range(world))
+
+
+def test_lightning_model_parallel_fsdp2_restores_every_shard_from_the_peers_replica(tmp_path):
+    """Lightning's ModelParallelStrategy (FSDP2) loads a checkpoint path itself, not through its
+    CheckpointIO: LocalCheckpointCallback routes its load through HierarchicalCheckpointIO, so the
+    job resumes from the local checkpoints (node b's shards from node a's replicas), not from the
+    global path (which does not exist: the strategy's own load would fail on it)."""
+    cfg = {"strategy": "fsdp2", "every": 2}
+    job = Job(tmp_path, {**cfg, "max_steps": 50, "die": {"node": "b", "after": 5}})
+    results = job.finish()
+    assert results["b"][0] != 0 and results["a"][0] != 0, results
+    saved = {(r["rank"], r["iteration"]): r["fingerprint"] for r in job.reports() if r["kind"] == "saved"}
+    assert {(0, 4), (1, 4)} <= set(saved), job.reports()
+    assert saved[(0, 4)]["/state_dict/layer.weight"].startswith("shard:(1, 32):"), saved[(0, 4)]
+    assert saved[(0, 4)]["/optimizer_states/0/state/layer.weight/exp_avg"].startswith("shard:(1, 32):")
+    shutil.rmtree(tmp_path / "local_b")
+    clear_reports(job.root)
+
+    job = Job(tmp_path, {**cfg, "max_steps": 8, "resume": str(tmp_path / "shared" / "global" / "none.ckpt")})
+    results = job.finish()
+    assert all(code == 0 for code, _ in results.values()), results
+    starts = {r["rank"]: r for r in job.reports() if r["kind"] == "start"}
+    assert sorted(starts) == [0, 1], job.reports()
+    for rank, start in starts.items():
+        assert start["step"] == 4, start
+        assert start["fingerprint"] == saved[(rank, 4)], f"rank {rank}'s restored shard differs from the saved one"
+        assert start["load"]["received"] == (start["node"] == "b"), start

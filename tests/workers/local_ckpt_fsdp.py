@@ -17,7 +17,6 @@ hold after the restore, the manager's last_load), "end".
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -33,11 +32,11 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 
 from ft_core.checkpointing.local.basic_state_dict import BasicTensorAwareStateDict
 from ft_core.checkpointing.local.ckpt_managers.local_manager import LocalCheckpointManager
 from ft_core.checkpointing.local.replication.strategies import LazyCliqueReplicationStrategy
+from tests.workers.shard_fingerprint import fingerprint
 
 CFG = json.loads(sys.argv[1])
 ROOT = CFG["root"]
@@ -48,24 +47,6 @@ NODE = os.environ["TEST_NODE"]
 def report(kind: str, **fields) -> None:
     with open(os.path.join(ROOT, f"report_{RANK}.jsonl"), "a") as stream:
         stream.write(json.dumps({"kind": kind, "rank": RANK, "node": NODE, **fields}) + "\n")
-
-
-def fingerprint(state) -> dict[str, str]:
-    """SHA-256 of each tensor's local part (a DTensor's shard), by its path in the state."""
-    found = {}
-
-    def walk(prefix: str, value) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}/{key}", item)
-        elif isinstance(value, torch.Tensor):
-            local = value.to_local() if isinstance(value, DTensor) else value
-            kind = "shard" if isinstance(value, DTensor) else "plain"
-            found[prefix] = f"{kind}:{tuple(local.shape)}:" + hashlib.sha256(
-                local.detach().contiguous().numpy().tobytes()).hexdigest()
-
-    walk("", state)
-    return found
 
 
 def build(mesh):
