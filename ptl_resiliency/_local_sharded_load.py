@@ -11,24 +11,26 @@ node or its peer's replica) wins over the global one as in the IO's own load.
 from __future__ import annotations
 
 import logging
+import weakref
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ptl_resiliency._lightning import pl
 
-if TYPE_CHECKING:
-    from ptl_resiliency.local_checkpoint_callback import HierarchicalCheckpointIO
-
 logger = logging.getLogger(__name__)
 
-_ROUTED = "_ft_local_checkpoint_loads"
-"""Marks a strategy whose load is already routed (``setup`` runs once per ``fit``/``validate``)."""
+_ROUTED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The strategies whose load is routed already (``setup`` runs once per ``fit``/``validate``)."""
 
 
-def route_local_loads(strategy: Any, io: HierarchicalCheckpointIO) -> None:
+def route_local_loads(strategy: Any, io: Any) -> None:
     """Make ``strategy`` load through ``io``'s local checkpoints when they are the newest.
 
     Strategies that load through their checkpoint IO (DDP, a single device) are left as they are.
+
+    Args:
+        strategy: The Trainer's strategy.
+        io: Its ``HierarchicalCheckpointIO`` (typed Any: that module imports this one).
 
     Raises:
         ValueError: ``strategy`` is an ``FSDPStrategy``: its sharded state (FSDP1's flat
@@ -41,15 +43,15 @@ def route_local_loads(strategy: Any, io: HierarchicalCheckpointIO) -> None:
                          "CheckpointIO, so no restart would read them; use ModelParallelStrategy (FSDP2: "
                          "fully_shard in configure_model) or DDP")
     model_parallel = getattr(strategies, "ModelParallelStrategy", None)  # Lightning 2.4 and later
-    if model_parallel is None or not isinstance(strategy, model_parallel) or getattr(strategy, _ROUTED, False):
+    if model_parallel is None or not isinstance(strategy, model_parallel) or strategy in _ROUTED:
         return
     # An attribute of this instance, not a subclass: the user built the strategy, and its own
     # load_checkpoint still reads the global checkpoint when that one is newer.
     strategy.load_checkpoint = partial(_load_model_parallel, strategy, io, strategy.load_checkpoint)
-    setattr(strategy, _ROUTED, True)
+    _ROUTED.add(strategy)
 
 
-def _load_model_parallel(strategy: Any, io: HierarchicalCheckpointIO, load_global: Any, checkpoint_path: Any,
+def _load_model_parallel(strategy: Any, io: Any, load_global: Any, checkpoint_path: Any,
                          weights_only: bool | None = None) -> dict[str, Any]:
     """``ModelParallelStrategy.load_checkpoint``, reading the local checkpoint when it is the newest.
 
