@@ -174,3 +174,19 @@ def test_strategies_that_load_without_the_checkpoint_io_are_routed_or_refused(tm
     ddp = DDPStrategy()
     route_local_loads(ddp, io)
     assert "load_checkpoint" not in vars(ddp)
+
+
+def test_fsdp1_does_not_run_on_cpu_as_docs_local_checkpoints_says():
+    """docs/local-checkpoints.md quotes these two refusals (Lightning's, then torch's for a
+    subclass that passes Lightning's exact-type check); if a release lifts them, the page is wrong."""
+    from lightning.pytorch.strategies import FSDPStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if torch.accelerator.is_available():
+        pytest.skip("an accelerator is present: FSDP1 runs")
+    with pytest.raises(ValueError, match=r"The strategy `fsdp` requires a GPU accelerator, but received "
+                                         r"`accelerator='cpu'`"):
+        lightning.pytorch.Trainer(accelerator="cpu", strategy=FSDPStrategy(), devices=1, logger=False)
+    with pytest.raises(RuntimeError, match="FSDP needs a non-CPU accelerator device, but no accelerator device is "
+                                           "detected"):
+        FullyShardedDataParallel(torch.nn.Linear(2, 2))
