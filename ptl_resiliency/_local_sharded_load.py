@@ -10,17 +10,15 @@ node or its peer's replica) wins over the global one as in the IO's own load.
 
 from __future__ import annotations
 
-import logging
 import weakref
 from functools import partial
 from typing import Any
 
 from ptl_resiliency._lightning import pl
 
-logger = logging.getLogger(__name__)
-
-_ROUTED: weakref.WeakSet[Any] = weakref.WeakSet()
-"""The strategies whose load is routed already (``setup`` runs once per ``fit``/``validate``)."""
+_OWN_LOAD: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+"""Each routed strategy's own ``load_checkpoint``: ``setup`` runs once per ``fit``/``validate``,
+and routing again (e.g. the strategy reused with another checkpoint IO) must not wrap the wrapper."""
 
 
 def route_local_loads(strategy: Any, io: Any) -> None:
@@ -43,12 +41,12 @@ def route_local_loads(strategy: Any, io: Any) -> None:
                          "CheckpointIO, so no restart would read them; use ModelParallelStrategy (FSDP2: "
                          "fully_shard in configure_model) or DDP")
     model_parallel = getattr(strategies, "ModelParallelStrategy", None)  # Lightning 2.4 and later
-    if model_parallel is None or not isinstance(strategy, model_parallel) or strategy in _ROUTED:
+    if model_parallel is None or not isinstance(strategy, model_parallel):
         return
     # An attribute of this instance, not a subclass: the user built the strategy, and its own
     # load_checkpoint still reads the global checkpoint when that one is newer.
-    strategy.load_checkpoint = partial(_load_model_parallel, strategy, io, strategy.load_checkpoint)
-    _ROUTED.add(strategy)
+    own_load = _OWN_LOAD.setdefault(strategy, strategy.load_checkpoint)
+    strategy.load_checkpoint = partial(_load_model_parallel, strategy, io, own_load)
 
 
 def _load_model_parallel(strategy: Any, io: Any, load_global: Any, checkpoint_path: Any,

@@ -169,8 +169,9 @@ def test_strategies_that_load_without_the_checkpoint_io_are_routed_or_refused(tm
     route_local_loads(model_parallel, io)
     routed = model_parallel.load_checkpoint
     assert routed != own_load and routed.args[2] == own_load
-    route_local_loads(model_parallel, io)
-    assert model_parallel.load_checkpoint is routed
+    other_io, _ = make_io(tmp_path, global_iteration=-1)
+    route_local_loads(model_parallel, other_io)  # routed again: the new IO, the strategy's own load
+    assert model_parallel.load_checkpoint.args[1:] == (other_io, own_load)
     ddp = DDPStrategy()
     route_local_loads(ddp, io)
     assert "load_checkpoint" not in vars(ddp)
