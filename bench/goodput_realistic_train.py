@@ -15,10 +15,12 @@ the launcher hands one over (``load_jit_state``); it tells its monitor where it 
 (``RankMonitorClient.report_resumed``), so ``ft_report`` can show each failure's cost. Both tools
 send a heartbeat per step through their ``RankMonitorClient``.
 
-Faults are planned by the bench (``--faults``, a JSON list of ``{"step": S, "kind": "hang"|"kill"}``):
-rank ``--fault-rank`` makes fault k at the start of loop step S (S steps completed), once in the
-whole run: it records ``RUN_DIR/bench/fault_<k>.json`` (atomically), then stops itself with
-``SIGSTOP`` (a hang: only a monitor notices) or ``SIGKILL``.
+Faults are planned by the bench (``--faults``, a JSON list of ``{"step": S, "kind": "hang"|"kill"|"node"}``):
+rank ``--fault-rank`` (``-1``: any rank, for a job whose faults are given to one node's launcher
+only) makes fault k at the start of loop step S (S steps completed), once in the whole run: it
+records ``RUN_DIR/bench/fault_<k>.json`` (atomically), then stops itself with ``SIGSTOP`` (a hang:
+only a monitor notices; a node loss: ``bench/goodput_node_loss.py`` sees the record and kills the
+node's launcher and workers together) or ``SIGKILL``.
 
 Rank 0 appends to ``RUN_DIR/bench/progress.log`` (``os.write``, ``O_APPEND``: nothing is lost to a
 kill): ``start <pid> <time>`` first, ``resume <pid> <step> <source> <time>`` when its state is loaded
@@ -56,7 +58,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--step-time", type=float, default=0.02, help="seconds each step sleeps")
     parser.add_argument("--rows", type=int, default=ROWS, help="embedding rows (state = rows x 64 x 8 bytes)")
     parser.add_argument("--faults", default="[]", help='JSON: [{"step": S, "kind": "hang"|"kill"}, ...]')
-    parser.add_argument("--fault-rank", type=int, default=1)
+    parser.add_argument("--fault-rank", type=int, default=1, help="-1: whichever rank this process is")
     return parser.parse_args()
 
 
@@ -119,7 +121,7 @@ def main() -> None:
     recorder.line("resume", os.getpid(), start, source, f"{time.time():.6f}")
 
     for step in range(start, args.max_steps):
-        if RANK == args.fault_rank:
+        if args.fault_rank < 0 or RANK == args.fault_rank:
             for number, fault in enumerate(faults):
                 record = bench_dir / f"fault_{number}.json"
                 if fault["step"] == step and not record.exists():
@@ -127,7 +129,8 @@ def main() -> None:
                             "time": time.time()}
                     (bench_dir / f".fault_{number}.tmp").write_text(json.dumps(data))
                     os.replace(bench_dir / f".fault_{number}.tmp", record)
-                    os.kill(os.getpid(), signal.SIGSTOP if fault["kind"] == "hang" else signal.SIGKILL)
+                    # a node loss: stopped here until the bench kills this node's launcher and workers
+                    os.kill(os.getpid(), signal.SIGKILL if fault["kind"] == "kill" else signal.SIGSTOP)
         if hasattr(client, "set_step"):
             client.set_step(step)
         generator = torch.Generator().manual_seed(step * 2 + RANK)  # the batch depends on the step only

@@ -474,6 +474,11 @@ def render(data: dict) -> str:
         "(harmless; its GPU/NIC health checks disable themselves).")
     add("- **NVRx's sections callback** wraps `trainer.strategy.training_step` rather than using "
         "callback hooks, so its own hook code cannot be timed apart from the step (`-` in that column).")
+    add("- **NVRx's local checkpoints** (`checkpointing.local`): their asynchronous save calls "
+        "`torch.cuda.synchronize()` and its `BasicTensorAwareStateDict` asserts CUDA tensors; on CPU only a "
+        "synchronous save with a state wrapper the user writes runs (`bench/nvrx_local_checkpoint_cpu.py`, "
+        "[local-checkpoints.md](local-checkpoints.md#cost)), so NVRx's column of the node-loss goodput section "
+        "uses its periodic checkpoint.")
     add("")
     for line in MULTINODE_SECTION:
         add(line)

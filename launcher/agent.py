@@ -62,6 +62,7 @@ from launcher.decision.restart_policy import RestartPolicy
 from launcher.events.log import EventLog
 from launcher.events.records import (
     GracefulStopped,
+    JoinDeclined,
     MinHealthyRestart,
     ReplaceRefused,
     Restart,
@@ -168,6 +169,7 @@ class FaultTolerantAgent(LocalElasticAgent):
         self._phase = AgentPhase.IDLE
         self._cycle_began = time.monotonic()  # the latest start or restart began, for the timings
         self._last_failure_at: float | None = None
+        self._join_declined_in: int | None = None  # the cycle whose join_declined was said
         self._rendezvous_s: float | None = None
         self._workers = workers
         torch_logs.install(workers)
@@ -337,12 +339,30 @@ class FaultTolerantAgent(LocalElasticAgent):
             env.update(state_agreement.worker_env(self._jit_state_dir, self._jit_resume))
 
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        if self._last_failure_at is None and self._training_ended():
+            return  # torch's loop goes on polling: the workers exit, the job ends
         self._cycle_began = time.monotonic()
         if self._last_failure_at is None:
             # Not our failure: another node restarted or joined (torch saw nodes waiting).
             self._events.record_event(Restart(cycle=self.cycle, reason="another node entered the rendezvous"))
             self._cycle_workers.save_before_restart()  # torch's restart stops this node's workers next
         super()._restart_workers(worker_group)
+
+    def _training_ended(self) -> bool:
+        """torch restarts a healthy node's workers whenever nodes wait in the rendezvous; not once
+        the training ended (a worker here said so, or another node's workers all succeeded): the
+        finished ranks would train again with the newcomer while the other nodes wait for this
+        one in torch's exit barrier. Says so once per cycle (a line and a ``join_declined`` record)."""
+        ended_on = self._events.node if self._cycle_workers.training_ended() else self._channel.training_ended_on()
+        if ended_on is None:
+            return False
+        if self._join_declined_in != self.cycle:
+            self._join_declined_in = self.cycle
+            logger.info("cycle %s: node(s) wait in the rendezvous, but the training ended (on %s): this node's "
+                        "workers are not restarted for the waiting node(s), which stay out of this job",
+                        self.cycle, ended_on or "another node")
+            self._events.record_event(JoinDeclined(cycle=self.cycle, ended_on=ended_on or None))
+        return True
 
     # ------------------------------------------------------------------ monitoring
 
@@ -388,6 +408,8 @@ class FaultTolerantAgent(LocalElasticAgent):
         if result.state in _FAILED_STATES:
             return self._on_failure(worker_group, result)
         if result.state == WorkerState.SUCCEEDED:
+            if (worker_group.group_world_size or 1) > 1:
+                self._channel.publish_training_ended(self._events.node)
             self._enter(AgentPhase.SUCCEEDED)
             self._events.record_event(WorkersSucceeded(cycle=self.cycle))
         return result

@@ -41,6 +41,10 @@ class CleanEnds:
         """The rank's worker ``pid`` ended its training cleanly (its monitor said so)."""
         self._finished[local_rank] = pid
 
+    def any_finished(self) -> bool:
+        """Whether a worker of this cycle ended its training cleanly (and is not training again)."""
+        return bool(self._finished)
+
     def reconnected(self, local_rank: int) -> None:
         """The rank connected to its monitor again (a second ``fit``): it is training again."""
         self._finished.pop(local_rank, None)

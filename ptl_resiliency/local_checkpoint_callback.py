@@ -24,6 +24,7 @@ from lightning.pytorch.plugins.io.wrapper import _WrappingCheckpointIO
 from ft_core.checkpointing.local.base_state_dict import TensorAwareStateDict
 from ft_core.checkpointing.local.basic_state_dict import BasicTensorAwareStateDict
 from ft_core.checkpointing.local.ckpt_managers.base_manager import BaseCheckpointManager
+from ptl_resiliency._local_sharded_load import route_local_loads
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,18 @@ class LocalCheckpointCallback(ModelCheckpoint):
             raise ValueError(f"every_n_train_steps must be a positive integer, got {every_n_train_steps!r}")
         super().__init__(every_n_train_steps=every_n_train_steps, train_time_interval=train_time_interval)
         self.async_save = async_save
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """Route the loads of a strategy that loads without its checkpoint IO (ModelParallelStrategy)
+        through the local checkpoints (see ``ptl_resiliency._local_sharded_load``).
+
+        Raises:
+            ValueError: The strategy is an ``FSDPStrategy`` (its local checkpoints would never load).
+        """
+        super().setup(trainer, pl_module, stage)
+        io = _hierarchical_io(trainer)
+        if io is not None:
+            route_local_loads(trainer.strategy, io)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """No local checkpoint at an epoch's end (a global one belongs there)."""
@@ -127,17 +140,32 @@ class HierarchicalCheckpointIO(_WrappingCheckpointIO):
     def load_checkpoint(self, path: Any, map_location: Any | None = None, **kwargs: Any) -> dict[str, Any]:
         """The newer of the newest complete local checkpoint (own, or peers' replicas) and the global
         one at ``path`` (a local one wins a tie: it is on this node). Every rank calls it at once."""
+        if not self.local_is_newest(path):
+            return self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+        return self.load_local(**kwargs)
+
+    def local_is_newest(self, path: Any) -> bool:
+        """Whether the newest complete local checkpoint is at least as new as the global one at
+        ``path`` (a tie: the local one, it is on this node). Every rank calls it at once."""
         local_iteration = self.local_ckpt_manager.find_latest()
         if local_iteration < 0:
             logger.info("no complete local checkpoint: loading the global checkpoint %s", path)
-            return self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+            return False
         global_iteration = self.get_global_ckpt_iteration_fn(path)
         if global_iteration > local_iteration:
             logger.info("global checkpoint %s (iteration %s) is newer than the local one (%s): loading it", path,
                         global_iteration, local_iteration)
-            return self.checkpoint_io.load_checkpoint(path, map_location=map_location, **kwargs)
+            return False
         logger.info("resuming from the local checkpoint of iteration %s (global: %s)", local_iteration,
                     global_iteration)
+        return True
+
+    def load_local(self, **kwargs: Any) -> Any:
+        """This rank's state of the newest complete local checkpoint (after :meth:`local_is_newest`).
+
+        Args:
+            kwargs: ``weights_only`` as Lightning passes it (None: torch's safe loader).
+        """
         weights_only = kwargs.get("weights_only")
         state, _ = self.local_ckpt_manager.load(weights_only=True if weights_only is None else bool(weights_only))
         return self.from_tensor_aware_state_dict(state, **kwargs)

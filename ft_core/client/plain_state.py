@@ -153,6 +153,9 @@ def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = No
         model: The module to load into (the same wrapping as when it was saved).
         optimizer: Its optimizer.
         newer_than: The step of the periodic checkpoint you loaded: a state not newer is not used.
+            When none is used, the completed-step count goes on from this step (the optimizer's
+            hooks count the updates after the restore; a later save must name the loop's step,
+            not the updates since this worker started).
         load_extra: Receives the ``extra`` dict saved with the state.
         checkpoint_dir: Where a previous job copied its states; default: the one given to
             :func:`track_state`.
@@ -163,6 +166,26 @@ def load_jit_state(model: Any, optimizer: Any, *, newer_than: Optional[int] = No
     """
     global _restored_source
     _restored_source = None
+    step = _restore(model, optimizer, newer_than, load_extra, checkpoint_dir)
+    _restart_count_at(optimizer, step if step is not None else newer_than)
+    return step
+
+
+def _restart_count_at(optimizer: Any, step: Optional[int]) -> None:
+    """The completed-step count restarts at ``step`` (the state the loop resumes from), now and for
+    a :func:`track_state` that comes later; nothing changes for None."""
+    global _restored_step
+    if step is None:
+        return
+    _restored_step = step
+    if _provider is not None and _provider.optimizer is optimizer:
+        _provider.step = step
+
+
+def _restore(model: Any, optimizer: Any, newer_than: Optional[int],
+             load_extra: Optional[Callable[[dict[str, Any]], None]],
+             checkpoint_dir: Optional[str]) -> Optional[int]:
+    """:func:`load_jit_state`'s restore: the step restored or None; the count is the caller's."""
     path = os.environ.get(FT_JIT_RESUME_ENV_VAR)
     if not path:
         state = _shared_candidate(newer_than, checkpoint_dir)
@@ -223,10 +246,8 @@ def _load(state: saved_state.SavedState, model: Any, optimizer: Any,
     optimizer.load_state_dict(payload["optimizer"])
     if load_extra is not None and payload.get("extra") is not None:
         load_extra(payload["extra"])
-    global _restored_step, _restored_source
-    _restored_step, _restored_source = state.step, source
-    if _provider is not None and _provider.optimizer is optimizer:
-        _provider.step = state.step
+    global _restored_source
+    _restored_source = source
     if source == "jit_shared":
         logger.info("resumed from the just-in-time state of step %s that the previous job copied to %s (saved by "
                     "rank %s, %s path)", state.step, path, state.rank, state.source)

@@ -461,6 +461,17 @@ class Restart(EventRecord):
 
 
 @dataclass(kw_only=True)
+class JoinDeclined(EventRecord):
+    """``join_declined``: nodes wait in the rendezvous, but the training ended, so this node's
+    workers are not restarted with them (they stay out of the job, which ends)."""
+
+    EVENT: ClassVar[str] = "join_declined"
+
+    cycle: int | None = _f()
+    ended_on: str | None = _f(doc="where the training ended: this node, or the node whose workers all succeeded")
+
+
+@dataclass(kw_only=True)
 class RoundFailure(EventRecord):
     """``round_failed``: a rendezvous round closed counting a node that never took part in the rank
     assignment (it died as the round closed); a restart, and the next round forms without it."""
@@ -623,8 +634,8 @@ KINDS: dict[str, type[EventRecord]] = {
         LauncherStart, MonitorsStarted, WarmTemplateStarted, WarmTemplateReady, WarmTemplateReplaced, CycleStart,
         WorkersReady, WorkersSucceeded, AbortedAtExit, GracefulStopped, NodeCheck, Failure, ControlRequest,
         ReplaceRefused, Straggler, MonitorDied, MonitorReplaced, MonitorUnresponsive, RankEscalated, SignalReceived,
-        SignalForwarded, Restart, RoundFailure, MinHealthyRestart, LeftoversKilled, JitStateSaved, JitStateNotSaved,
-        JitStateHealed, JitStateHealFailed, Resumed, StoreLost, Result, Summary,
+        SignalForwarded, Restart, JoinDeclined, RoundFailure, MinHealthyRestart, LeftoversKilled, JitStateSaved,
+        JitStateNotSaved, JitStateHealed, JitStateHealFailed, Resumed, StoreLost, Result, Summary,
     )
 }
 """Every kind of record, by its ``event``."""

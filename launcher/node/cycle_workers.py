@@ -149,6 +149,11 @@ class CycleWorkers:
         self.poll_events()
         return self._hangs_fail_the_cycle(worker_group, result)
 
+    def training_ended(self) -> bool:
+        """Whether a worker of this cycle said that its training ended cleanly (reports read first)."""
+        self.poll_events()
+        return self._clean_ends.any_finished()
+
     def statuses(self) -> dict[int, int | None]:
         """Exit status by local rank (None while running), without reaping; a worker that
         finished its training and then aborted at exit counts as exited 0."""

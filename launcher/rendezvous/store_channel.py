@@ -14,6 +14,9 @@ Nodes share nothing but torch's rendezvous store. Through it:
   nodes' views within a bound (:meth:`StoreChannel.gather_views`), so every node names the same
   root rank. The store is the round's (torch prefixes its keys with the rendezvous round), so a
   view belongs to one cycle;
+- a node whose workers all succeeded says so (:meth:`StoreChannel.publish_training_ended`): a node
+  still waiting for its own ranks to exit then does not restart them for a node that joins late
+  (:meth:`StoreChannel.training_ended_on`);
 - right after each rendezvous every node writes its host name under its group rank
   (:meth:`StoreChannel.publish_member`), so a node that sent no view can still be named
   (the missing nodes come back with their host names).
@@ -42,6 +45,8 @@ VIEW_PREFIX = STORE_PREFIX + "failure_view/"
 VIEW_COUNT_KEY = VIEW_PREFIX + "count"
 """Counts the views published in this round: a node polls this one key, not every node's."""
 MEMBER_PREFIX = STORE_PREFIX + "member/"
+TRAINING_ENDED_KEY = STORE_PREFIX + "training_ended"
+"""Set by a node whose workers all succeeded: the round's training is over."""
 MAX_HOST_CHARS = 255
 """Longest host name written or read back (a DNS name is at most 253 characters)."""
 VIEW_WAIT = 2.0
@@ -195,6 +200,30 @@ class StoreChannel:
             logger.warning("cannot read node health from the store: %s", err)
             return None
         return len(ranks) - unhealthy
+
+    # ------------------------------------------------------------------ end of training
+
+    def publish_training_ended(self, host: str) -> bool:
+        """Tell every node that this node's workers all succeeded in this round; False if the
+        store cannot be written."""
+        return self._set(TRAINING_ENDED_KEY, host[:MAX_HOST_CHARS], "the end of the training")
+
+    def training_ended_on(self) -> str | None:
+        """The host of a node whose workers all succeeded in this round ("" if it gave no
+        printable name); None if none did or the store cannot be read."""
+        if self._store is None:
+            return None
+        try:
+            if not self._store.check([TRAINING_ENDED_KEY]):
+                return None
+            raw = self._store.get(TRAINING_ENDED_KEY)
+        except STORE_ERRORS as err:
+            logger.debug("cannot read whether the training ended: %s", err)
+            return None
+        if isinstance(raw, (bytes, bytearray)):
+            raw = bytes(raw[:MAX_HOST_CHARS * 4]).decode("utf-8", "replace")
+        text = str(raw)[:MAX_HOST_CHARS].strip()
+        return text if text.isprintable() else ""
 
     # ------------------------------------------------------------------ members
 

@@ -17,7 +17,16 @@ Faults it can play (the node faults are injected from outside, by the tests):
 first cycle of the first attempt only. ``--fail-on-attempt A``: rank 0 exits 1 at step 10 in
 autoresume attempt A. ``--crash-marker PATH``: a rank whose node finds the file PATH (``{node}``
 replaced by its name: a marker in that node's view only) raises at ``--crash-step`` in every cycle
-and attempt, a bad node.
+and attempt, a bad node. ``--crash-node NODE``: the rank of NODE exits at once (``os._exit(1)``:
+no exception path, so its node saves no just-in-time state) before the forward of loop index
+``--crash-step``, i.e. with that many optimizer steps completed, in the first cycle of the first
+attempt only.
+
+Just-in-time state (``--jit-state``): the loop registers its model and optimizer
+(``ft_core.client.plain_state.track_state``) and, after a restart, loads the state the launchers
+agreed on when it is newer than the periodic checkpoint (``load_jit_state``). It then reports where
+it resumed from (``RankMonitorClient.report_resumed``: the ``resumed`` records ``ft_report``'s
+failure costs use), and ``pg_ready`` carries that ``source``.
 
 Straggler detection (off by default): ``--straggler-interval S`` runs
 ``ft_core.integration.straggler_detection`` with ``action="replace"`` (reports every S seconds, a node
@@ -43,6 +52,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
 from ft_core import RankMonitorClient
+from ft_core.client import plain_state
 from ft_core.client.collectives import TorchDistributedCollectives
 from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
 from ft_core.wire.atomic import atomic_write_bytes, atomic_write_text
@@ -62,6 +72,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--crash-marker", help="a rank whose node has this file ({node}: the node's name) raises at "
                                           "--crash-step in every cycle and attempt")
     p.add_argument("--crash-step", type=int, default=15)
+    p.add_argument("--crash-node", help="the node whose rank exits (os._exit) at --crash-step (first cycle, "
+                                        "first attempt)")
+    p.add_argument("--jit-state", action="store_true",
+                   help="track the model and optimizer for just-in-time state and resume from it")
     p.add_argument("--payload", type=int, default=1024,
                    help="floats all-reduced per step on top of the gradients (link load)")
     p.add_argument("--compute-iters", type=int, default=0,
@@ -150,11 +164,19 @@ def main() -> int:
     ckpt_dir = args.run_dir / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     start, state = latest_checkpoint(ckpt_dir)
+    source = "scratch"
     if state is not None:
         model.module.linear.load_state_dict(state["model"])
+        source = "checkpoint"
+    if args.jit_state:
+        plain_state.track_state(model, optimizer)  # no checkpoint_dir: the state stays node-local
+        resumed = plain_state.load_jit_state(model, optimizer, newer_than=start)
+        if resumed is not None:
+            start, source = resumed, "jit"
+        client.report_resumed(start, source)
     flag = torch.zeros(1 + args.payload)
     dist.all_reduce(flag)
-    timeline.write("pg_ready", step=start, world_size=dist.get_world_size())
+    timeline.write("pg_ready", step=start, world_size=dist.get_world_size(), source=source)
 
     def save(step: int) -> None:
         if rank != 0:
@@ -168,10 +190,14 @@ def main() -> int:
         timeline.write("saved", step=step)
 
     hang = args.hang_node == NODE and cycle == 0 and attempt == "1"
+    crash = args.crash_node == NODE and cycle == 0 and attempt == "1"
     bad_node = bool(args.crash_marker) and os.path.exists(args.crash_marker.replace("{node}", NODE))
     step = start
     while step < args.steps:
         client.set_step(step)
+        if crash and step == args.crash_step:  # `step` optimizer steps completed, the next one not begun
+            timeline.write("crash", step=step)
+            os._exit(1)
         x = torch.randn(8, 16)
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()

@@ -82,3 +82,29 @@ def test_a_hang_at_step_137_resumes_at_137_from_the_blocked_survivors_copy(tmp_p
     assert any(f["cycle"] == 0 and f["cause_kind"] == "hang" for f in events_of(events, "failure"))
     _check_resumed_at_the_survivors_state(root, events, "blocked")
     assert not reports(root, 0, 0, "exception")  # the survivor was blocked, then stopped: no exception path
+
+
+def test_a_real_fsdp2_job_refuses_the_state_with_one_line_and_restarts_from_scratch(tmp_path):
+    """Lightning's ModelParallelStrategy with FSDP2 runs on CPU (gloo): each rank holds a shard
+    (DTensors), so no survivor can save the job's state. The provider refuses with one line naming
+    the strategy, nothing is saved, and the restarted job starts over (no periodic checkpoint)."""
+    root = tmp_path / "run"
+    cfg = {"callback": "heartbeats", "root": str(root), "fsdp2": True, "max_steps": 12, "adam": True,
+           "fail": {"step": 6, "exc": "Exit1", "rank": 1, "cycle": 0}}
+    result = run_launcher(
+        launcher_args(tmp_path, "--ft-param-initial_rank_heartbeat_timeout", "120",
+                      "--ft-param-rank_heartbeat_timeout", "60", max_restarts=1)
+        + [TRAIN_WORKER, json.dumps(cfg)],
+        timeout=240,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    output = result.stdout + result.stderr
+    line = ("just-in-time state is off for this job: the ModelParallelStrategy strategy splits the model across "
+            "ranks (tensor parallel, FSDP2)")
+    assert line in output, output[-5000:]
+    events = read_events(tmp_path / "events.jsonl")
+    assert not events_of(events, "state_saved"), events_of(events, "state_saved")
+    resumed = sorted((r["cycle"], r["rank"], r["step"], r["source"]) for r in events_of(events, "resumed"))
+    assert resumed == [(0, 0, 0, "scratch"), (0, 1, 0, "scratch"), (1, 0, 0, "scratch"),
+                       (1, 1, 0, "scratch")], resumed
+    assert events_of(events, "result")[0]["outcome"] == "succeeded"

@@ -32,7 +32,8 @@ def free_port() -> int:
 class Job:
     """One run of the job: a launcher per node, each node with its own local checkpoint root."""
 
-    def __init__(self, tmp_path: Path, cfg: dict, nproc: int = 1, nodes: tuple[str, ...] = ("a", "b")):
+    def __init__(self, tmp_path: Path, cfg: dict, nproc: int = 1, nodes: tuple[str, ...] = ("a", "b"),
+                 worker: str = WORKER):
         port = free_port()
         self.root = tmp_path / "shared"
         self.root.mkdir(exist_ok=True)
@@ -45,7 +46,7 @@ class Job:
                 ["--nnodes", str(len(nodes)), "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"job-{port}", "--monitor-interval", "0.05",
                  "--max-restarts", "0", "--no-warm-restarts",
-                 "--ft-event-log", str(tmp_path / f"events_{name}.jsonl"), WORKER, json.dumps(cfg)],
+                 "--ft-event-log", str(tmp_path / f"events_{name}.jsonl"), worker, json.dumps(cfg)],
                 env={"LOCAL_CKPT_ROOT": str(local), "TEST_NODE": name, "PYTHONPATH": str(Path(__file__).parents[2])})
 
     def finish(self, timeout: float = 240) -> dict[str, tuple[int, str]]:

@@ -76,6 +76,11 @@ COMPILED_ONLY: dict[tuple[str, str], str] = {
     ("docs/benchmarks.md", "bench/lightning_overhead.py"): BENCH,
     ("docs/benchmarks.md", "bench/goodput.py"): BENCH,
     ("docs/local-checkpoints.md", "bench/local_checkpoint_overhead.py"): BENCH,
+    ("docs/local-checkpoints.md", "bench/nvrx_local_checkpoint_cpu.py"):
+        "needs the reference's venv (.venv-peer); tests/unit/test_nvrx_local_checkpoint_cpu.py runs it there",
+    ("docs/benchmarks.md", "bench/goodput_node_loss.py"):
+        "benchmark: 2 tools x 2 runs of three launchers, about 8 minutes here; its --quick mode runs in "
+        "tests/integration/test_goodput_node_loss.py",
     ("docs/local-checkpoints.md", "LazyCliqueReplicationStrategy(),"):
         "needs a process group and node-local paths; tests/workers/local_ckpt_train.py builds the same objects "
         "with the same arguments and tests/integration/test_local_checkpoints.py runs it under ft_launcher",

@@ -227,3 +227,31 @@ def test_the_local_manifest_appears_only_once_the_shared_copy_is_complete(tmp_pa
     local = saved_state.newest(str(tmp_path / "local"))
     assert local is not None and local.shared_path.startswith(str(tmp_path / "ckpt"))
     assert saved_state.verify(saved_state.newest(str(tmp_path / "ckpt" / saved_state.JIT_SUBDIR)))
+
+
+def test_plain_loop_counts_on_from_its_checkpoint_step(tmp_path, monkeypatch):
+    """A loop restored from its periodic checkpoint of step 100 (no just-in-time state to use):
+    a save two updates later is the state of step 102, not 2 (which the next restart's
+    ``newer_than=100`` would reject, falling back to step 100)."""
+    from ft_core.client import jit_state, plain_state
+
+    monkeypatch.setenv("FT_JIT_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", "")
+    monkeypatch.delenv("FT_JIT_RESUME", raising=False)
+    monkeypatch.setattr(jit_state, "_default", None)
+    monkeypatch.setattr(plain_state, "_provider", None)
+    monkeypatch.setattr(plain_state, "_restored_step", None)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert plain_state.track_state(model, optimizer)
+    assert plain_state.load_jit_state(model, optimizer, newer_than=100) is None  # first start: no agreed state
+    for _ in range(2):
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+    result = jit_state.save_now("exception")
+    assert result.ok and result.step == 102, result
+    # load_jit_state before track_state: the same count
+    monkeypatch.setattr(plain_state, "_provider", None)
+    assert plain_state.load_jit_state(model, optimizer, newer_than=40) is None
+    assert plain_state.track_state(model, optimizer)
+    assert jit_state.get_jit_state().provider.completed_step() == 40

@@ -14,6 +14,9 @@
         first creates ``<report_dir>/saving`` (the test knows a save is in progress)
     shared_copy: track_state gets ``ckpt_dir``: saves are copied to ``<ckpt_dir>/ft_jit_state/``
     corrupt_saved_state: rank 0 flips a byte of the state it saved in its exception path, then exits
+    linger: {"rank": R, "until": PATH, "seconds": S}: after its training ended (monitoring shut down
+        as finished), rank R reports ``lingering`` and waits until PATH exists (at most S seconds)
+        before it exits: a rank still shutting down when another node's rank is gone
 
 Report lines: {"op": "started", "step": S, "source": "jit"|"ckpt"|"none", "hash": H} and
 {"op": "step", "step": S, "hash": H} after every completed step (H: parameters and optimizer state).
@@ -130,6 +133,12 @@ def main() -> int:
     report(op="end", step=int(cfg.get("steps", 150)))
     ft_integration.shutdown()
     dist.destroy_process_group()
+    linger = cfg.get("linger") or {}
+    if linger.get("rank") == rank:
+        report(op="lingering")
+        deadline = time.monotonic() + float(linger.get("seconds", 60))
+        while not os.path.exists(linger["until"]) and time.monotonic() < deadline:
+            time.sleep(0.05)
     return 0
 
 

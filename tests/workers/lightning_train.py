@@ -14,6 +14,8 @@ Config keys (all optional):
     resume: resume from <root>/ckpt/last.ckpt when it exists
     async_ckpt: wrap the checkpoint IO in Lightning's AsyncCheckpointIO
     ddp: DDP on CPU with gloo over the torchelastic environment (ft_launcher / torchrun)
+    fsdp2: Lightning's ModelParallelStrategy instead (CPU, gloo), the layer sharded with FSDP2's
+        fully_shard in configure_model: a real sharded job
     step_sleep: seconds each training_step sleeps; step_sleep_by_rank: {"<rank>": seconds} and
         step_sleep_by_attempt: {"<AUTORESUME_ATTEMPT>": seconds} override it
     between_steps_sleep: seconds LightningModule.on_train_batch_end sleeps (out of any section)
@@ -99,6 +101,12 @@ class Model(BoringModel):
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__()
         self.cfg = cfg
+
+    def configure_model(self) -> None:
+        if self.cfg.get("fsdp2"):
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])
 
     def setup(self, stage: str) -> None:
         if self.cfg.get("fail_in_setup"):
@@ -316,7 +324,14 @@ def build(cfg: dict[str, Any]) -> tuple[Trainer, Model, Any, str | None]:
         trainer_kwargs["max_time"] = {"seconds": cfg["max_time"]}
     if cfg.get("fast_dev_run"):
         trainer_kwargs["fast_dev_run"] = cfg["fast_dev_run"]
-    if cfg.get("ddp"):
+    if cfg.get("fsdp2"):
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        world = int(os.environ["WORLD_SIZE"])
+        trainer_kwargs.update(strategy=ModelParallelStrategy(data_parallel_size=world, tensor_parallel_size=1,
+                                                             process_group_backend="gloo"),
+                              devices=int(os.environ["LOCAL_WORLD_SIZE"]), num_nodes=1)
+    elif cfg.get("ddp"):
         trainer_kwargs.update(strategy="ddp", devices=int(os.environ["LOCAL_WORLD_SIZE"]), num_nodes=1)
     else:
         trainer_kwargs.update(devices=1)
