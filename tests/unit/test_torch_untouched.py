@@ -238,7 +238,8 @@ MODULE_STATE_KEPT = {
     "ft_core/client/rank_monitor_client.py": {"_live_clients"},  # closed at exit (atexit is process-wide)
     # one rank per process: its just-in-time state, saved from the process-wide excepthook
     "ft_core/client/jit_state.py": {"_default"},
-    "ft_core/client/plain_state.py": {"_provider", "_restored_step"},  # the plain loop's tracked model
+    # the plain loop's tracked model, and the step and source it resumed from
+    "ft_core/client/plain_state.py": {"_provider", "_restored_step", "_restored_source"},
 }
 _MUTABLE_CALLS = {"dict", "list", "set", "defaultdict", "collections.defaultdict", "deque", "collections.deque",
                   "OrderedDict", "collections.OrderedDict", "weakref.WeakSet", "weakref.WeakKeyDictionary",
