@@ -28,7 +28,7 @@ REPLACE_STEP = 30  # between two checkpoints: resuming at the checkpoint loses 1
 LAST_CHECKPOINT = 20
 STEPS = 45
 STATE_MB = 8  # of extra state: the transfer takes 3 of the store's 4 MiB chunks
-# From the go to the spare's workers back in the process group (a bound that catches waits for
+# From node3's request to the spare's workers back in the process group (a bound that catches waits for
 # torch's defaults, 30-60 s, not small regressions): the kill, the others' restart, node3's
 # keep-alive expiring, the rendezvous, the transfer, the workers' start.
 BACK_BOUND_S = 60.0
@@ -59,7 +59,7 @@ def test_a_spare_that_takes_node3s_place_heals_from_a_peer_and_resumes_at_node3s
     assert state["JobState"] in ("COMPLETED", "FAILED"), state  # FAILED: srun reports node3's 65
     timeline = cluster.timeline()
     held = {e["node"]: e for e in timeline if e["event"] == "holding"}
-    assert {e["step"] for e in held.values()} == {REPLACE_STEP}, held
+    assert set(held) == set(members) and {e["step"] for e in held.values()} == {REPLACE_STEP}, held
     (hash_at_replace,) = {e["hash"] for e in held.values()}  # DDP: the same parameters everywhere
     checkpoints = [e["step"] for e in timeline if e["event"] == "saved" and e["t"] < held["node1"]["t"]]
     assert max(checkpoints) == LAST_CHECKPOINT, checkpoints  # older than the step node3 left at
@@ -75,7 +75,7 @@ def test_a_spare_that_takes_node3s_place_heals_from_a_peer_and_resumes_at_node3s
         # failed. What restarts them comes first: that rank's exit (a failure record), or node4 moving
         # up from the spares once node3's keep-alive expired, 3 s after it left (a restart record:
         # no failure seen). On this loaded machine a worker's interpreter takes 2-4 s to exit after
-        # its exception (torch's teardown), so both happen.
+        # its exception (torch's teardown): in 7 runs the restart record came first every time.
         events = cluster.events(node)
         failures = [e for e in events if e["event"] == "failure" and e["cycle"] == 0]
         restarts = [e for e in events if e["event"] == "restart" and e["cycle"] == 0]
