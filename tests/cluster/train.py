@@ -26,7 +26,12 @@ Just-in-time state (``--jit-state``): the loop registers its model and optimizer
 (``ft_core.client.plain_state.track_state``) and, after a restart, loads the state the launchers
 agreed on when it is newer than the periodic checkpoint (``load_jit_state``). It then reports where
 it resumed from (``RankMonitorClient.report_resumed``: the ``resumed`` records ``ft_report``'s
-failure costs use), and ``pg_ready`` carries that ``source``.
+failure costs use), and ``pg_ready`` carries that ``source``, the hash of its parameters and, with
+``--state-mb`` MB of extra state (a known tensor saved with the state), whether it came back intact.
+A deterministic replace (``--replace-node NODE --replace-step S --replace-go PATH``): started from
+scratch, every rank waits at step S (heartbeats going on, ``holding``) until PATH exists, then the
+rank of NODE asks its launcher to replace its node (``ExcludeThisNode`` only if a spare can take
+its place: the straggler detector's replace request) and waits to be killed.
 
 Straggler detection (off by default): ``--straggler-interval S`` runs
 ``ft_core.integration.straggler_detection`` with ``action="replace"`` (reports every S seconds, a node
@@ -38,6 +43,7 @@ a CPU cap on a node (``fault.sh cpuslow``) slows its rank's compute; without it 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import socket
@@ -51,7 +57,7 @@ from torch import nn
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from ft_core import RankMonitorClient
+from ft_core import RankMonitorClient, WorkloadAction, WorkloadControlRequest
 from ft_core.client import plain_state
 from ft_core.client.collectives import TorchDistributedCollectives
 from ft_core.client.graceful_stop import GracefulStop, GracefulStopConfig
@@ -84,7 +90,44 @@ def parse_args() -> argparse.Namespace:
                    help="seconds between straggler reports, with action replace (0: no straggler detection)")
     p.add_argument("--straggler-replace-after", type=int, default=3,
                    help="reports in a row a node must be flagged in before it leaves")
+    p.add_argument("--state-mb", type=float, default=0.0,
+                   help="with --jit-state: MB of extra state saved with it (a known tensor, checked when loaded)")
+    p.add_argument("--replace-node", help="the node whose rank asks to be replaced (started from scratch)")
+    p.add_argument("--replace-step", type=int, default=30)
+    p.add_argument("--replace-go", help="every rank waits at --replace-step until this file exists (300 s at most)")
     return p.parse_args()
+
+
+HOLD_BOUND_S = 300.0  # a rank waits this long at most for the test's go, or to be killed
+
+
+def params_hash(model: nn.Module) -> str:
+    """The parameters' bytes, hashed: the same on every rank of a DDP job, at the same step."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def hold_for_replace(args: argparse.Namespace, client: RankMonitorClient, timeline: Timeline, step: int,
+                     model: nn.Module) -> None:
+    """Wait (heartbeats going on) until the test's go file exists; then the rank of
+    ``--replace-node`` asks to be replaced and waits for its launcher to kill it."""
+    timeline.write("holding", step=step, hash=params_hash(model))
+    deadline = time.monotonic() + HOLD_BOUND_S
+    while not os.path.exists(args.replace_go):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no go file {args.replace_go} within {HOLD_BOUND_S:.0f} s")
+        client.send_heartbeat()
+        time.sleep(0.2)
+    if NODE != args.replace_node:
+        return  # on into the step: its collective fails once the replaced node's rank is killed
+    timeline.write("replace_requested", step=step)
+    client.send_workload_control_request(WorkloadControlRequest(
+        WorkloadAction.ExcludeThisNode, f"test: replace {NODE} at step {step}", only_if_replaceable=True))
+    time.sleep(HOLD_BOUND_S)  # its launcher SIGKILLs it at once
+    raise RuntimeError(f"still running {HOLD_BOUND_S:.0f} s after asking to replace {NODE}")
 
 
 class Net(nn.Module):
@@ -168,15 +211,25 @@ def main() -> int:
     if state is not None:
         model.module.linear.load_state_dict(state["model"])
         source = "checkpoint"
+    extra_ok = None
     if args.jit_state:
-        plain_state.track_state(model, optimizer)  # no checkpoint_dir: the state stays node-local
-        resumed = plain_state.load_jit_state(model, optimizer, newer_than=start)
+        # known content: a restored copy that differs (a transfer gone wrong) shows in pg_ready
+        blob = torch.arange(int(args.state_mb * 2 ** 18), dtype=torch.float32)
+
+        def check_extra(extra: dict) -> None:
+            nonlocal extra_ok
+            extra_ok = bool(torch.equal(extra["blob"], blob))
+
+        # no checkpoint_dir: the state stays node-local
+        plain_state.track_state(model, optimizer, extra=(lambda: {"blob": blob}) if args.state_mb else None)
+        resumed = plain_state.load_jit_state(model, optimizer, newer_than=start, load_extra=check_extra)
         if resumed is not None:
             start, source = resumed, "jit"
         client.report_resumed(start, source)
     flag = torch.zeros(1 + args.payload)
     dist.all_reduce(flag)
-    timeline.write("pg_ready", step=start, world_size=dist.get_world_size(), source=source)
+    timeline.write("pg_ready", step=start, world_size=dist.get_world_size(), source=source,
+                   hash=params_hash(model.module), extra_ok=extra_ok)
 
     def save(step: int) -> None:
         if rank != 0:
@@ -191,6 +244,8 @@ def main() -> int:
 
     hang = args.hang_node == NODE and cycle == 0 and attempt == "1"
     crash = args.crash_node == NODE and cycle == 0 and attempt == "1"
+    # the job's first start only: not a spare's first cycle, which resumes at the step held
+    replace_here = bool(args.replace_go) and source == "scratch" and attempt == "1"
     bad_node = bool(args.crash_marker) and os.path.exists(args.crash_marker.replace("{node}", NODE))
     step = start
     while step < args.steps:
@@ -198,6 +253,8 @@ def main() -> int:
         if crash and step == args.crash_step:  # `step` optimizer steps completed, the next one not begun
             timeline.write("crash", step=step)
             os._exit(1)
+        if replace_here and step == args.replace_step:
+            hold_for_replace(args, client, timeline, step, model.module)
         x = torch.randn(8, 16)
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()
