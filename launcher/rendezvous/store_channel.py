@@ -211,19 +211,7 @@ class StoreChannel:
     def training_ended_on(self) -> str | None:
         """The host of a node whose workers all succeeded in this round ("" if it gave no
         printable name); None if none did or the store cannot be read."""
-        if self._store is None:
-            return None
-        try:
-            if not self._store.check([TRAINING_ENDED_KEY]):
-                return None
-            raw = self._store.get(TRAINING_ENDED_KEY)
-        except STORE_ERRORS as err:
-            logger.debug("cannot read whether the training ended: %s", err)
-            return None
-        if isinstance(raw, (bytes, bytearray)):
-            raw = bytes(raw[:MAX_HOST_CHARS * 4]).decode("utf-8", "replace")
-        text = str(raw)[:MAX_HOST_CHARS].strip()
-        return text if text.isprintable() else ""
+        return self._read_host(TRAINING_ENDED_KEY, "whether the training ended")
 
     # ------------------------------------------------------------------ members
 
@@ -233,20 +221,24 @@ class StoreChannel:
 
     def member_host(self, group_rank: int) -> str | None:
         """The host name node ``group_rank`` published for this round; None if none can be read."""
+        return self._read_host(MEMBER_PREFIX + str(group_rank), f"node {group_rank}'s name") or None
+
+    def _read_host(self, key: str, what: str) -> str | None:
+        """The host name stored under ``key`` ("" when it is empty or not printable); None when
+        the key is not set or the store cannot be read (``what`` names it in the debug line)."""
         if self._store is None:
             return None
-        key = MEMBER_PREFIX + str(group_rank)
         try:
             if not self._store.check([key]):
                 return None
             raw = self._store.get(key)
         except STORE_ERRORS as err:
-            logger.debug("cannot read node %s's name: %s", group_rank, err)
+            logger.debug("cannot read %s: %s", what, err)
             return None
         if isinstance(raw, (bytes, bytearray)):
             raw = bytes(raw[:MAX_HOST_CHARS * 4]).decode("utf-8", "replace")
         text = str(raw)[:MAX_HOST_CHARS].strip()
-        return text if text and text.isprintable() else None
+        return text if text.isprintable() else ""
 
     # ------------------------------------------------------------------ failure views
 

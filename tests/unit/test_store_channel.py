@@ -155,6 +155,17 @@ def test_member_names_are_bounded_and_garbage_reads_as_unknown():
     assert not StoreChannel().publish_member(0, "n") and StoreChannel().member_host(0) is None
 
 
+def test_the_end_of_training_is_seen_by_the_other_node_even_without_a_usable_name(two_nodes):
+    a, b = two_nodes
+    assert b.training_ended_on() is None  # nobody said so: a waiting node may still join
+    assert a.publish_training_ended("node-a")
+    assert b.training_ended_on() == "node-a"
+    store = dist.HashStore()
+    store.set("ft_launcher/training_ended", b"bad\x00name")
+    assert StoreChannel(store).training_ended_on() == ""  # ended, on a node whose name is garbage
+    assert not StoreChannel().publish_training_ended("n") and StoreChannel().training_ended_on() is None
+
+
 def test_when_the_store_fails_nobody_is_called_missing():
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                            timeout=datetime.timedelta(seconds=5))
