@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from types import TracebackType
 from typing import Any, Optional, Protocol, runtime_checkable
 
+from ft_core.client.requeue_state import shared_state_dir
 from ft_core.wire import protocol, saved_state
 from ft_core.wire.env import (
     FT_CYCLE_ENV_VAR,
@@ -164,7 +165,7 @@ class JitState:
             raise TypeError(f"a state provider needs kind, completed_step, in_update, replicated, capture and "
                             f"approx_bytes; got {type(provider).__name__}")
         self._provider = provider
-        self._shared_dir = os.path.join(os.fspath(checkpoint_dir), saved_state.JIT_SUBDIR) if checkpoint_dir else None
+        self._shared_dir = shared_state_dir(checkpoint_dir)  # where a requeued job looks for it
         if not self.enabled:
             return False
         ok, why = provider.replicated()

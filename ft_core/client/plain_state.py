@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from ft_core.client import jit_state, requeue_state
-from ft_core.client.collectives import TorchDistributedCollectives
+from ft_core.client.collectives import TorchDistributedCollectives, rank_and_world_size
 from ft_core.wire import saved_state
 from ft_core.wire.env import FT_JIT_RESUME_ENV_VAR
 
@@ -218,8 +218,8 @@ def _shared_candidate(newer_than: Optional[int], checkpoint_dir: Optional[str]) 
         return None  # not under ft_launcher, or --ft-jit-state false: nothing is restored
     directory = requeue_state.shared_state_dir(checkpoint_dir) if checkpoint_dir else this_rank.shared_dir
     collectives = TorchDistributedCollectives()
-    world = os.environ.get("WORLD_SIZE", "1")
-    if collectives.world_size() == 1 and world.isdigit() and int(world) > 1:
+    _rank, world_size, grouped = rank_and_world_size(collectives)
+    if world_size > 1 and not grouped:
         if directory:
             logger.warning("the just-in-time state in %s is not used: load_jit_state needs the process group "
                            "(call it after init_process_group) to agree on it with the other ranks", directory)
