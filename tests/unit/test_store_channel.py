@@ -159,6 +159,11 @@ def test_the_end_of_training_is_seen_by_the_other_node_even_without_a_usable_nam
     a, b = two_nodes
     assert b.training_ended_on() is None  # nobody said so: a waiting node may still join
     assert a.publish_training_ended("node-a")
+    # a TCPStore client's set is not acknowledged: another connection sees it shortly after
+    deadline = time.monotonic() + 5
+    while b.training_ended_on() is None:
+        assert time.monotonic() < deadline, "node a's end of training never arrived"
+        time.sleep(0.01)
     assert b.training_ended_on() == "node-a"
     store = dist.HashStore()
     store.set("ft_launcher/training_ended", b"bad\x00name")
