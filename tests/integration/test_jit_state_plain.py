@@ -61,20 +61,24 @@ def run(tmp_path: Path, short_tmp: str, cfg: dict, *extra: str, step_timeout: fl
     return result, read_events(tmp_path / "events.jsonl")
 
 
-def assert_resumed_from_jit(tmp_path: Path, events: list[dict], source: str | None = None) -> None:
+def assert_resumed_from_jit(tmp_path: Path, events: list[dict], source: str | None = None,
+                            steps: tuple[int, ...] = (137,)) -> int:
+    """The restarted ranks resumed from the one state saved, at one of ``steps``; returns that step."""
     saved = events_of(events, "state_saved")
-    assert len(saved) == 1 and saved[0]["cycle"] == 0 and saved[0]["step"] == 137, saved
+    assert len(saved) == 1 and saved[0]["cycle"] == 0 and saved[0]["step"] in steps, saved
+    step = saved[0]["step"]
     if source is not None:
         assert saved[0]["source"] == source
     for rank in (0, 1):
         started = lines(tmp_path, rank, 1, "started")[0]
-        assert started["step"] == 137 and started["source"] == "jit", started
-        assert started["hash"] == survivor_hash(tmp_path, 137), "parameters and optimizer state are the survivor's"
+        assert started["step"] == step and started["source"] == "jit", started
+        assert started["hash"] == survivor_hash(tmp_path, step), "parameters and optimizer state are the survivor's"
         assert lines(tmp_path, rank, 1, "end"), "the restarted run finished"
     # the ranks told the launcher where they resumed from (ft_report's steps redone)
     resumed = [(r["rank"], r["step"], r["source"]) for r in events_of(events, "resumed") if r["cycle"] == 1]
     for rank in (0, 1):  # the periodic checkpoint it loaded first, then the newer just-in-time state
-        assert [r[1:] for r in resumed if r[0] == rank] == [(100, "checkpoint"), (137, "jit")], resumed
+        assert [r[1:] for r in resumed if r[0] == rank] == [(100, "checkpoint"), (step, "jit")], resumed
+    return step
 
 
 def assert_resumed_from_checkpoint(tmp_path: Path) -> None:
@@ -91,7 +95,13 @@ def test_crash_resumes_at_the_failed_step_with_the_survivors_state(tmp_path, sho
 def test_hang_is_saved_from_the_blocked_survivor(tmp_path, short_tmp):
     _, events = run(tmp_path, short_tmp, {"fault": {"rank": 1, "cycle": 0, "step": 137, "kind": "stop"}},
                     step_timeout=3)
-    assert_resumed_from_jit(tmp_path, events)
+    # Rank 1 stopped itself before its step 138. Its monitor ends it with SIGCONT then SIGTERM
+    # (and a faulthandler stack dump, when py-spy cannot read it, continues it too): on a loaded
+    # machine it may run between the two signals, join the survivor's all-reduce and let both
+    # complete step 138 (or more) before it dies. The survivor then saves that step, as consistent
+    # as 137 (CI saw 138 once); what matters is that the restart resumes at the saved step with the
+    # survivor's state.
+    assert_resumed_from_jit(tmp_path, events, steps=tuple(range(137, 150)))
 
 
 def test_corrupt_state_falls_back_to_the_checkpoint_with_a_warning(tmp_path, short_tmp):
