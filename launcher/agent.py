@@ -86,6 +86,8 @@ from launcher.warm.cold import StartCoordinator
 logger = logging.getLogger(__name__)
 
 _FAILED_STATES = (WorkerState.FAILED, WorkerState.UNHEALTHY)
+DROPPED_MEMBER_REASON = ("restarting the worker group with the node(s) waiting in the rendezvous "
+                         "(torch's restart for a new membership; not counted against --max-restarts)")
 _ENDING_PHASES = {Action.LEAVE: AgentPhase.EXCLUDED, Action.REPEATED: AgentPhase.REPEATED,
                   Action.SHUTDOWN: AgentPhase.SHUTDOWN}
 
@@ -343,9 +345,16 @@ class FaultTolerantAgent(LocalElasticAgent):
             return  # torch's loop goes on polling: the workers exit, the job ends
         self._cycle_began = time.monotonic()
         if self._last_failure_at is None:
-            # Not our failure: another node restarted or joined (torch saw nodes waiting).
-            self._events.record_event(Restart(cycle=self.cycle, reason="another node entered the rendezvous"))
+            # Not our failure: another node restarted or joined (torch saw nodes waiting), or the
+            # round lost a node (torch dropped it) and a spare now counts as waiting.
+            noticed_at, noticed = time.time(), time.monotonic()
             self._cycle_workers.save_before_restart()  # torch's restart stops this node's workers next
+            dropped = self._failures.after_dropped_member(worker_group, self.cycle, self._cycle_workers.watch,
+                                                          noticed_at)
+            if dropped:
+                self._last_failure_at = noticed
+                self._failures.write(dropped, DROPPED_MEMBER_REASON, stopped_reason=DROPPED_MEMBER_REASON)
+            self._events.record_event(Restart(cycle=self.cycle, reason="another node entered the rendezvous"))
         super()._restart_workers(worker_group)
 
     def _training_ended(self) -> bool:

@@ -52,6 +52,13 @@ states of all nodes are compared (each node publishes its own through the rendez
    (gloo: ``Read error [198.51.100.13]:38592: Connection reset by peer``), while its launcher,
    gone with it, publishes nothing. A crash of the user's own code (any other error, a signal)
    is still the root by rule 1.
+6. Last: when no rank crashed or hung (every reported rank was still running) and one or more
+   nodes that sent no view were dropped from the rendezvous round by torch (``dropped``: their
+   launchers' keep-alive lapsed), the root is the dropped node (:func:`lost_root`). This is how a
+   node that froze, lost power or was cut off shows when a spare waits: its peers' ranks block in
+   a collective without an error, and torch restarts them for the waiting spare before any of
+   their timeouts passes. Only the rendezvous's own verdict counts here: a node that is merely
+   slow to publish its view is not dropped.
 
 Every other rank is collateral. Pure functions, no I/O; the texts of the launcher's failure
 line come from here too (:func:`describe_root`, :func:`waiting_for`).
@@ -259,11 +266,13 @@ def failed_with_a_peer(state: RankState) -> bool:
 
 LOST_WHILE_WAITING = "every rank that reported was waiting in a collective"
 LOST_BROKE_COLLECTIVES = "the collectives of every rank that failed broke with it (a peer's connection lost)"
-"""The end of a :data:`LOST` root's cause under rule 4 and under rule 5."""
+LOST_DROPPED = ("the rendezvous dropped it from the round (its launcher's keep-alive lapsed) while every rank "
+                "that reported was still running")
+"""The end of a :data:`LOST` root's cause under rules 4, 5 and 6."""
 
 
 def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
-                waited: float = 0.0) -> RankState | None:
+                waited: float = 0.0, dropped: Collection[int] = ()) -> RankState | None:
     """The rank that caused the failure (see the module docstring); None if none failed itself.
 
     Args:
@@ -272,9 +281,10 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         lost: The nodes of the rendezvous group that published no view within the wait (empty
             when the store could not be read: then nothing is known about them).
         waited: How long this node waited for the views (for the text of rule 4).
+        dropped: The group ranks of the nodes torch dropped from the round (rule 6).
 
     Returns:
-        A reported rank; for rules 4 and 5 the :func:`lost_root` of ``lost``; None if nobody failed.
+        A reported rank; for rules 4 to 6 the :func:`lost_root` of ``lost``; None if nobody failed.
     """
     states = list(states)
     left = min((s for s in states if s.outcome == LEFT), default=None, key=lambda s: (
@@ -312,6 +322,9 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         return hung
     if crashes:
         return crashes[0]
+    gone = [n for n in lost if n.group_rank in dropped]
+    if gone and all(s.outcome == STOPPED for s in states):
+        return lost_root(lost, waited, LOST_DROPPED, first=gone)
     return None
 
 

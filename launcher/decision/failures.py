@@ -241,10 +241,64 @@ def failure_records(
                              cycle, now, evidence)
         records.append(record)
         states.append(state)
+    return _judged(records, states, evidence, exchange)
+
+
+DROPPED_MEMBER_CAUSE = "stopped: a node of its round was dropped from the rendezvous"
+"""The cause of a rank restarted because its round lost a node (:func:`dropped_member_records`)."""
+
+
+def dropped_member_records(
+    workers: Mapping[int, tuple[int, int | None]],
+    *,
+    dropped: Collection[int],
+    cycle: int,
+    now: float,
+    evidence: Evidence | None = None,
+    exchange: Callable[[list[RankState]], Exchanged] | None = None,
+) -> list[FailureRecord]:
+    """Records for this node's still-running workers when torch restarts them because nodes wait
+    in the rendezvous and the round lost one or more members (``dropped``: their keep-alive
+    lapsed). The views are exchanged as for a failure; rule 6 of :mod:`launcher.decision.culprit`
+    names a dropped node that sent none as the root, the ranks here collateral.
+
+    Args:
+        workers: Global rank -> (local rank, pid) of this node's workers.
+        dropped: Group ranks of the round's nodes that torch no longer counts as alive.
+        cycle: The cycle they belong to.
+        now: When this node noticed (epoch seconds).
+        evidence: Progress and the other nodes' views, as for :func:`failure_records`.
+        exchange: As for :func:`failure_records`.
+
+    Returns:
+        One collateral record per worker, the root named (the dropped node, or what the other
+        nodes' views name: a node that left on request, a crash); empty when no root was found
+        (the store could not be read, or a dropped node had published a view of still-running
+        ranks), so the caller records a plain restart.
+    """
+    evidence = evidence or Evidence()
+    records, states = [], []
+    for global_rank, (local_rank, pid) in sorted(workers.items()):
+        report = evidence.reports.get(local_rank)
+        progress = report.progress if report is not None else None
+        records.append(FailureRecord(cycle, global_rank, local_rank, pid, DROPPED_MEMBER_CAUSE, KIND_TERMINATED,
+                                     now, progress=progress))
+        states.append(RankState(rank=global_rank, local_rank=local_rank, node=evidence.node,
+                                group_rank=evidence.group_rank, pid=pid, outcome=culprit.STOPPED,
+                                cause=DROPPED_MEMBER_CAUSE, progress=progress))
+    records = _judged(records, states, evidence, exchange, dropped)
+    return records if records and records[0].root is not None else []
+
+
+def _judged(records: list[FailureRecord], states: list[RankState], evidence: Evidence,
+            exchange: Callable[[list[RankState]], Exchanged] | None,
+            dropped: Collection[int] = ()) -> list[FailureRecord]:
+    """``records`` with their roles, root and explanations once the root is chosen among this
+    node's ``states`` and the other nodes' views; the root first."""
     exchanged = exchange(states) if exchange is not None else Exchanged()
     remote = [*evidence.remote, *exchanged.states]
     everyone = [*states, *(s for s in remote if not any(s.same_rank(mine) for mine in states))]
-    root = culprit.choose_root(everyone, exchanged.lost, exchanged.waited)
+    root = culprit.choose_root(everyone, exchanged.lost, exchanged.waited, dropped)
     collateral = [s for s in everyone if root is None or not s.same_rank(root)]
     cycle_fingerprint = fingerprint(root) if root is not None else None
     root_step = root.progress.step if root is not None and root.progress is not None else None

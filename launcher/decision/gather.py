@@ -28,6 +28,7 @@ from launcher.decision.failures import (
     KIND_TERMINATED,
     Exchanged,
     FailureRecord,
+    dropped_member_records,
     failure_records,
     group_unhealthy_record,
 )
@@ -85,6 +86,27 @@ class CycleFailures:
         return self._facts(worker_group, remaining_restarts, records=tuple(records), healthy_nodes=healthy,
                            crash_loop=verdict)
 
+    def after_dropped_member(self, worker_group: Any, cycle: int, watch: CycleWatch,
+                             noticed_at: float) -> list[FailureRecord]:
+        """When torch restarts this node's running workers for nodes waiting in the rendezvous:
+        the records naming the member the round lost (torch dropped it: its keep-alive lapsed),
+        the views exchanged (:func:`~launcher.decision.failures.dropped_member_records`); empty
+        when no member was dropped (a node restarted or joined) or no root was found."""
+        nodes = worker_group.group_world_size or 1
+        live = live_group_ranks(worker_group)
+        if nodes <= 1 or live is None:
+            return []
+        dropped = frozenset(range(nodes)) - live - {worker_group.group_rank}
+        if not dropped:
+            return []
+        pids = self._workers.worker_pids
+        workers = {w.global_rank: (w.local_rank, pids.get(w.local_rank)) for w in worker_group.workers}
+        return dropped_member_records(
+            workers, dropped=dropped, cycle=cycle, now=noticed_at,
+            evidence=watch.evidence(self._events.node, worker_group.group_rank),
+            # the dropped nodes publish nothing: wait for the live ones only
+            exchange=lambda states: self._exchange_views(worker_group, states, expected=nodes - len(dropped)))
+
     def while_waiting(self, worker_group: Any, remaining_restarts: int) -> CycleFacts:
         """The facts of a min-healthy re-check: the healthy nodes now."""
         healthy = self._channel.healthy_nodes(worker_group.group_world_size, live_group_ranks(worker_group))
@@ -116,12 +138,14 @@ class CycleFailures:
             evidence=evidence, exchange=lambda states: self._exchange_views(worker_group, states),
         ) or [group_unhealthy_record(cycle, now)]
 
-    def write(self, records: Collection[FailureRecord], reason: str) -> None:
-        """Record each failure with the decision's ``reason`` and print its line."""
+    def write(self, records: Collection[FailureRecord], reason: str,
+              stopped_reason: str = STOPPED_BY_THE_LAUNCHER) -> None:
+        """Record each failure with the decision's ``reason`` and print its line; a worker the
+        launcher stopped gets ``stopped_reason`` (a dropped member's records: the restart itself)."""
         for record in records:
             if record.pid is not None:  # torch's pid is the stand-in's under warm restarts
                 record = dataclasses.replace(record, pid=self._workers.worker_pid(record.pid))
-            self._events.failure(record, reason if record.kind != KIND_TERMINATED else STOPPED_BY_THE_LAUNCHER)
+            self._events.failure(record, reason if record.kind != KIND_TERMINATED else stopped_reason)
 
     def publish_leaving(self, worker_group: Any, pids: Mapping[int, int], cause: str) -> None:
         """Before this node kills its workers to leave: publish them as this node's view of the
@@ -153,14 +177,15 @@ class CycleFailures:
             return None
         return f"{host} (group rank {group_rank})" if group_rank is not None else str(host)
 
-    def _exchange_views(self, worker_group: Any, states: list[RankState]) -> Exchanged:
-        """Publish this node's ranks of the failed cycle; read the other nodes' (bounded) and
-        name the nodes that sent none (only if this node's own view got through)."""
+    def _exchange_views(self, worker_group: Any, states: list[RankState], expected: int | None = None) -> Exchanged:
+        """Publish this node's ranks of the failed cycle; read the other nodes' (bounded, or until
+        ``expected`` nodes published) and name the nodes that sent none (only if this node's own
+        view got through)."""
         nodes = worker_group.group_world_size or 1
         if nodes <= 1 or not self._channel.attached:
             return Exchanged()
         published = self._channel.publish_view(worker_group.group_rank, [s.to_json() for s in states])
-        views = self._channel.gather_views(nodes, worker_group.group_rank)
+        views = self._channel.gather_views(nodes, worker_group.group_rank, expected=expected)
         remote = [RankState.from_json(item) for item in views.states]
         lost = [LostNode(group_rank, host) for group_rank, host in views.missing.items()] if published else []
         return Exchanged([state for state in remote if state is not None], with_addresses(lost), views.waited)

@@ -254,9 +254,11 @@ class StoreChannel:
             return False
         return True
 
-    def gather_views(self, group_world_size: int, group_rank: int, timeout: float = VIEW_WAIT) -> GatheredViews:
-        """The other nodes' published views, waiting up to ``timeout`` s for the missing ones, and
-        which nodes sent nothing, with their host names.
+    def gather_views(self, group_world_size: int, group_rank: int, timeout: float = VIEW_WAIT,
+                     expected: int | None = None) -> GatheredViews:
+        """The other nodes' published views, waiting up to ``timeout`` s for the missing ones (or
+        until ``expected`` nodes, this one included, published: the nodes still alive when some
+        are known gone), and which nodes sent nothing, with their host names.
 
         The states may come from fewer nodes than exist: a node that saw no failure, or is gone,
         publishes nothing. A node counts as missing only when the store answered every read until
@@ -269,7 +271,8 @@ class StoreChannel:
         # O(N) reads per poll, O(N^2) for the job (bench/scale.py measured it).
         deadline = time.monotonic() + timeout
         try:
-            while self._store.add(VIEW_COUNT_KEY, 0) < group_world_size and time.monotonic() < deadline:
+            wanted = group_world_size if expected is None else min(expected, group_world_size)
+            while self._store.add(VIEW_COUNT_KEY, 0) < wanted and time.monotonic() < deadline:
                 time.sleep(VIEW_POLL_INTERVAL)
             keys = [VIEW_PREFIX + str(node) for node in others]
             if self._store.check(keys):  # the usual case: every node published; one read for all

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from ft_core import FaultToleranceConfig
 from ft_core.monitor.link import MonitorLink
 from ft_core.wire import messages, protocol
 from tests.launcher_util import (
+    FT_LAUNCHER,
     events_of,
+    launcher_env,
     live_descendants,
     read_events,
     run_launcher,
@@ -184,6 +187,32 @@ def _alive(pid: int) -> bool:
     return state[state.rfind(b")") + 2:][:1] not in (b"Z", b"X")
 
 
+def _freeze_node(launcher: subprocess.Popen) -> list[int]:
+    """Stop a launcher and every process of its run (SIGSTOP), as a node that froze or was cut
+    off goes silent; returns the pids stopped, the launcher first."""
+    os.killpg(launcher.pid, signal.SIGSTOP)  # the launcher first: it must not see its rank stop
+    stopped = [launcher.pid, *live_descendants(launcher.pid)]
+    for pid in stopped[1:]:
+        os.kill(pid, signal.SIGSTOP)
+    return stopped
+
+
+def _end_frozen_node(launcher: subprocess.Popen, stopped: list[int]) -> None:
+    """End a frozen node as a dead node's launcher ends: the launcher killed, its helpers
+    continued to clean up (SIGKILL for any still there after a bound)."""
+    os.kill(launcher.pid, signal.SIGKILL)
+    for pid in stopped[1:]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    launcher.communicate(timeout=30)
+    try:
+        wait_for(lambda: not any(_alive(pid) for pid in stopped[1:]), 30, "the frozen node's processes to end")
+    finally:
+        for pid in stopped[1:]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_a_node_gone_silent_is_named_as_the_root_not_a_rank_that_waited_for_it(tmp_path):
     # Two launchers on 127.0.0.1 acting as two nodes (--nnodes 1:2). Once both train, node b goes
     # silent as a cut-off or powered-off node does: its launcher and every process of its run are
@@ -213,27 +242,13 @@ def test_a_node_gone_silent_is_named_as_the_root_not_a_rank_that_waited_for_it(t
             kinds = {n: [e["event"] for e in read_events(tmp_path / n / "events.jsonl")] for n in nodes}
             raise AssertionError(f"{err}: events so far {kinds}") from None
         b_group = events_of(read_events(tmp_path / "b" / "events.jsonl"), "cycle_start")[0]["group_rank"]
-        os.killpg(b.pid, signal.SIGSTOP)  # the launcher first: it must not see its rank stop
-        stopped = [b.pid, *live_descendants(b.pid)]
-        for pid in stopped[1:]:
-            os.kill(pid, signal.SIGSTOP)
+        stopped = _freeze_node(b)
         _out, a_err = a.communicate(timeout=150)
     finally:
-        # end node b as a dead node's launcher ends: the launcher killed, its helpers clean up
-        os.kill(b.pid, signal.SIGKILL)
-        for pid in stopped[1:]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        b.communicate(timeout=30)
-        try:
-            wait_for(lambda: not any(_alive(pid) for pid in stopped[1:]), 30, "node b's processes to end")
-        finally:
-            for pid in stopped[1:]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if a.poll() is None:
-                os.killpg(a.pid, signal.SIGKILL)
-                a.communicate()
+        _end_frozen_node(b, stopped)
+        if a.poll() is None:
+            os.killpg(a.pid, signal.SIGKILL)
+            a.communicate()
     assert a.returncode == 0, a_err
     peer, = failures_of(tmp_path / "a")
     assert (peer["role"], peer["cause_kind"], peer["root_rank"]) == ("collateral", "hang", None), peer
@@ -250,6 +265,72 @@ def test_a_node_gone_silent_is_named_as_the_root_not_a_rank_that_waited_for_it(t
     # and node a went on alone
     assert [c["group_world_size"] for c in events_of(read_events(tmp_path / "a" / "events.jsonl"),
                                                      "cycle_start")] == [2, 1]
+
+
+def test_a_node_dropped_while_a_spare_waits_is_named_as_the_root_of_the_survivors_restart(tmp_path):
+    # As above, with a spare waiting and timeouts far longer than torch's keep-alive: node b
+    # freezes, node a's rank blocks in the all-reduce with no error and no timeout yet, torch
+    # drops b from the round (its keep-alive lapsed) and restarts a's workers for the spare
+    # (rule 6 of launcher.decision.culprit). Node a must still name b as the root: before rule 6
+    # it wrote only a restart record, and the report had no root cause.
+    port = free_port()
+    host = socket.gethostname()
+    slow_hb = ["--ft-param-initial_rank_heartbeat_timeout", "120", "--ft-param-rank_heartbeat_timeout", "120"]
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(name: str, *steps: str) -> None:
+        (tmp_path / name).mkdir()
+        args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                f"127.0.0.1:{port}", "--rdzv-id", f"dropped-{port}", "--monitor-interval", "0.05",
+                "--rdzv-conf", "join_timeout=60,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2,"
+                f"is_host={'true' if name == 'a' else 'false'}",
+                "--max-restarts", "1", "--ft-event-log", str(tmp_path / name / "events.jsonl"), *slow_hb,
+                CULPRIT, "--dir", str(tmp_path / name), *steps]
+        with open(tmp_path / f"{name}.err", "w") as err:  # read while it runs
+            procs[name] = subprocess.Popen(FT_LAUNCHER + args, env=launcher_env(), stdout=subprocess.DEVNULL,
+                                           stderr=err, text=True, start_new_session=True)
+
+    start("a", "--steps", "100000", "--later-steps", "20")
+    start("b", "--steps", "100000", "--later-steps", "20")
+    stopped: list[int] = []
+    try:
+        wait_for(lambda: all(list((tmp_path / n).glob("cycle0_rank*.json")) for n in ("a", "b")), 90,
+                 "both ranks training")
+        start("spare", "--steps", "20")  # its own first cycle trains as many steps as a's next one
+        # torch keeps a node that finds the round full on its redundancy list; after 10 s there
+        # its launcher starts its warm template and says so
+        spare_log = tmp_path / "spare" / "events.jsonl"
+        wait_for(lambda: spare_log.exists() and events_of(read_events(spare_log), "warm_template_started"), 60,
+                 "the spare waiting in the rendezvous")
+        b_group = events_of(read_events(tmp_path / "b" / "events.jsonl"), "cycle_start")[0]["group_rank"]
+        stopped = _freeze_node(procs["b"])
+        for name in ("a", "spare"):
+            procs[name].wait(timeout=150)
+    finally:
+        if stopped:
+            _end_frozen_node(procs["b"], stopped)
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    a_err = (tmp_path / "a.err").read_text()
+    assert (procs["a"].returncode, procs["spare"].returncode) == (0, 0), a_err[-4000:]
+    a_events = read_events(tmp_path / "a" / "events.jsonl")
+    peer, = failures_of(tmp_path / "a")
+    assert (peer["role"], peer["cause_kind"], peer["cause"]) == (
+        "collateral", "terminated", "stopped: a node of its round was dropped from the rendezvous"), peer
+    assert (peer["root_node"], peer["root_group_rank"], peer["root_outcome"]) == (host, b_group, "lost"), peer
+    assert peer["root_cause"].endswith("the rendezvous dropped it from the round (its launcher's keep-alive "
+                                       "lapsed) while every rank that reported was still running"), peer
+    line, = lines_starting(a_err, f"[ft_launcher] cycle 0: rank {peer['rank']} (")
+    assert f"stopped waiting for node {host} (group rank {b_group})" in line, line
+    assert line.endswith("; restarting the worker group with the node(s) waiting in the rendezvous (torch's restart "
+                         "for a new membership; not counted against --max-restarts)"), line
+    assert "1 incident: 1 × lost node" in a_err, a_err[-3000:]
+    assert [r["reason"] for r in events_of(a_events, "restart")] == ["another node entered the rendezvous"]
+    # the spare took b's place: a's second cycle is a round of two again, and the spare trained in it
+    assert [c["group_world_size"] for c in events_of(a_events, "cycle_start")] == [2, 2]
+    assert list((tmp_path / "spare").glob("cycle0_rank*.json"))
 
 
 # ---------------------------------------------------------------------------- hang then exit 0, escalation

@@ -115,6 +115,8 @@ EXCLUDED: dict[tuple[str, str], str] = {
     ("docs/launcher.md", "INFO: effective configuration"): "output: a log excerpt (example values)",
     ("docs/launcher.md", "unknown fault tolerance config key(s)"): "output: an error message excerpt",
     ("docs/launcher.md", "rank 1 froze (its process was stopped)"): "output: failure lines of one run",
+    ("docs/launcher.md", "a node of its round was dropped from the rendezvous); restarting"):
+        "output: a survivor's line after a node was dropped (its text checked by tests/integration/test_detection.py)",
     ("docs/launcher.md", "[ft_launcher] summary: 3 cycles"): "output: summary lines of two runs",
     ("docs/launcher.md", "wall time 17.1 s"): "output: ft_report's figures for one run",
     ("docs/launcher.md", "[n1] cycle 1: rank 0 saved its just-in-time state"):

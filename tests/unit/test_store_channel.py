@@ -202,3 +202,14 @@ def test_gathering_every_view_costs_a_node_a_few_reads_whatever_the_number_of_no
     assert sorted(s["rank"] for s in views.states) == list(range(1, nodes)) and views.missing == {}
     operations = sum(row[0] for row in totals(counts.snapshot()).values())
     assert operations <= 5, counts.snapshot()  # set + add to publish; the count, a check, one multi_get
+
+
+def test_views_of_the_live_nodes_end_the_wait_when_others_are_known_gone(two_nodes):
+    a, b = two_nodes  # a third node (group rank 2) is gone and never publishes
+    assert a.publish_view(0, [{"rank": 0, "outcome": "stopped"}])
+    assert b.publish_view(1, [{"rank": 1, "outcome": "stopped"}])
+    started = time.monotonic()
+    views = b.gather_views(3, 1, timeout=30, expected=2)
+    assert time.monotonic() - started < 10, "waited for the gone node's view"
+    assert views.states == [{"rank": 0, "outcome": "stopped"}]
+    assert list(views.missing) == [2]
