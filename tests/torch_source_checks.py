@@ -781,7 +781,7 @@ def check_membership(src: TorchSource) -> Iterator[str]:
         yield ("DynamicRendezvousHandler.num_nodes_waiting no longer counts state.wait_list "
                "(launcher/rendezvous/membership.py refines that count)")
     state_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "_RendezvousState"))
-    for name in ("participants", "wait_list", "redundancy_list"):
+    for name in ("participants", "wait_list", "redundancy_list", "last_heartbeats"):
         if name not in state_fields:
             yield f"_RendezvousState has no {name} (launcher/rendezvous/membership.py reads it)"
     settings_fields = class_fields(src.cls(DYNAMIC_RENDEZVOUS, "RendezvousSettings"))

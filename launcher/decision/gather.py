@@ -93,10 +93,8 @@ class CycleFailures:
         the views exchanged (:func:`~launcher.decision.failures.dropped_member_records`); empty
         when no member was dropped (a node restarted or joined) or no root was found."""
         nodes = worker_group.group_world_size or 1
-        live = live_group_ranks(worker_group)
-        if nodes <= 1 or live is None:
-            return []
-        dropped = frozenset(range(nodes)) - live - {worker_group.group_rank}
+        dead = getattr(worker_group.spec.rdzv_handler, "dead_group_ranks", None)
+        dropped = dead(confirm=DEAD_CONFIRM) if nodes > 1 and callable(dead) else None
         if not dropped:
             return []
         pids = self._workers.worker_pids
@@ -204,6 +202,11 @@ def spares_waiting(worker_group: Any) -> int | None:
     count = getattr(worker_group.spec.rdzv_handler, "spares_waiting", None)
     return count() if callable(count) else None
 
+
+DEAD_CONFIRM = 1.0
+"""Seconds a round member must stay gone from torch's rendezvous state to count as dropped: a
+member that restarts is gone from it for a moment, between leaving its round and joining the wait
+list (:meth:`launcher.rendezvous.membership.MembershipHandler.dead_group_ranks`)."""
 
 RESOLVE_TIMEOUT = 1.0
 """Longest the lost nodes' host names are resolved (a DNS that does not answer must not hold up

@@ -35,12 +35,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from ft_core.wire.restart_policies import RestartPolicyName
 from launcher.rendezvous import store_counter
 
 logger = logging.getLogger(__name__)
+
+DEAD_CONFIRM_POLL = 0.1
+"""Seconds between the syncs that confirm a member is dead (:meth:`MembershipHandler.dead_group_ranks`)."""
 
 
 class MembershipHandler:
@@ -56,6 +60,7 @@ class MembershipHandler:
         self.__dict__["_handler"] = handler
         self.__dict__["_min_healthy"] = RestartPolicyName(restart_policy) is RestartPolicyName.MIN_HEALTHY
         self.__dict__["_round_members"] = None  # frozenset of this node's round, once joined
+        self.__dict__["_round_ranks"] = None  # node -> group rank of this node's round, once joined
         self.__dict__["_spares"] = frozenset()  # the waiting nodes that did not count last time
         self.__dict__["_warned"] = False
 
@@ -77,8 +82,9 @@ class MembershipHandler:
             info = self._handler.next_rendezvous()
         if self._has_view():
             return info  # ft-barrier: its view tells restarting members apart itself (no state to read)
-        members = self._read(lambda state: frozenset(state.participants))
-        self.__dict__["_round_members"] = members
+        ranks = self._read(lambda state: dict(state.participants))
+        self.__dict__["_round_ranks"] = ranks
+        self.__dict__["_round_members"] = frozenset(ranks) if ranks is not None else None
         self.__dict__["_spares"] = frozenset()
         return info
 
@@ -158,6 +164,41 @@ class MembershipHandler:
             return view.live_ranks if view is not None else None
         ranks = self._read(lambda state: frozenset(state.participants.values()))
         return frozenset(r for r in ranks if isinstance(r, int)) if ranks is not None else None
+
+    def dead_group_ranks(self, confirm: float = 0.0) -> frozenset[int] | None:
+        """The group ranks of this node's round whose node torch declared dead: its keep-alive
+        lapsed, so torch removed it from the state, and it is nowhere in the rendezvous now (not a
+        participant, not waiting, not a spare). A member that restarts leaves the round and joins
+        the wait list in two steps; in between it is nowhere for a moment, so with ``confirm`` > 0
+        the state is synced again for that many seconds and a member seen again is not dead.
+
+        Returns:
+            The dead members' group ranks (empty: none); None when not known (``ft-barrier``'s
+            handler, no round yet, the state unreadable).
+        """
+        ranks = self._round_ranks
+        if self._has_view() or ranks is None:
+            return None
+        dead = self._absent(ranks)
+        deadline = time.monotonic() + confirm
+        while dead and time.monotonic() < deadline:
+            time.sleep(DEAD_CONFIRM_POLL)
+            try:
+                self._handler.num_nodes_waiting()  # syncs torch's view of the state
+            except Exception as err:  # noqa: BLE001 - torch's store errors vary; unknown is the answer
+                logger.debug("rendezvous: cannot sync the state to confirm a dead member: %s", err)
+                return None
+            again = self._absent(ranks)
+            if again is None:
+                return None
+            dead &= again
+        return frozenset(ranks[node] for node in dead) if dead is not None else None
+
+    def _absent(self, ranks: dict[Any, int]) -> set[Any] | None:
+        """The members of ``ranks`` found nowhere in the state (None if it cannot be read)."""
+        alive = self._read(lambda state: frozenset().union(
+            state.last_heartbeats, state.participants, state.wait_list, state.redundancy_list))
+        return None if alive is None else {node for node in ranks if node not in alive}
 
     def _has_view(self) -> bool:
         """Whether the handler answers for itself (``membership_view()``, e.g. ft-barrier's: waiting

@@ -152,3 +152,57 @@ def test_spares_of_a_handler_with_its_own_view_are_its_new_nodes():
     assert MembershipHandler(handler, "any-failed").spares_waiting() == 2
     handler.membership_view = lambda: None
     assert MembershipHandler(handler, "any-failed").spares_waiting() is None
+
+
+def _round_of(names: list[str], scripted_syncs: list | None = None) -> tuple[FakeHandler, MembershipHandler]:
+    """A round of ``names`` (group ranks in order) whose state torch keeps alive; each sync of the
+    state (``num_nodes_waiting``) first applies the next of ``scripted_syncs``."""
+    fake, proxy = FakeHandler(set(names), len(names)), None
+    state = fake._state_holder.state
+    state.participants = {name: rank for rank, name in enumerate(names)}
+    state.last_heartbeats = dict.fromkeys(names, 0.0)
+    syncs = list(scripted_syncs or [])
+
+    def num_nodes_waiting() -> int:
+        if syncs:
+            syncs.pop(0)(state)
+        return len(state.wait_list)
+
+    fake.num_nodes_waiting = num_nodes_waiting
+    proxy = MembershipHandler(fake, "any-failed")
+    proxy.next_rendezvous()
+    return fake, proxy
+
+
+def _drop(state, name: str) -> None:  # what torch's sanitizer does once a node's keep-alive lapsed
+    del state.participants[name]
+    del state.last_heartbeats[name]
+
+
+def test_a_member_whose_keep_alive_lapsed_is_dead_after_the_confirmation():
+    fake, proxy = _round_of(["a", "b", "c"])
+    assert proxy.dead_group_ranks() == frozenset()
+    _drop(fake._state_holder.state, "b")
+    assert proxy.dead_group_ranks(confirm=0.3) == {1}
+
+
+def test_a_member_that_restarts_is_not_dead_though_it_was_nowhere_for_a_moment():
+    def rejoins(state) -> None:  # torch's join op after its exit op: b waits for the next round
+        state.wait_list.add("b")
+        state.last_heartbeats["b"] = 1.0
+
+    fake, proxy = _round_of(["a", "b", "c"], [rejoins])
+    _drop(fake._state_holder.state, "b")  # its exit op: out of the round and the keep-alive table
+    assert proxy.dead_group_ranks() == {1}, "without confirmation the moment between looks like a loss"
+    assert proxy.dead_group_ranks(confirm=5) == frozenset()
+
+
+def test_dead_members_are_unknown_without_torchs_state():
+    fake, proxy = _round_of(["a", "b"])
+    del fake._state_holder.state.last_heartbeats  # a torch whose state this cannot read
+    assert proxy.dead_group_ranks(confirm=0.2) is None
+    assert MembershipHandler(FakeHandler({"a"}, 1), "any-failed").dead_group_ranks() is None  # no round yet
+    barrier = MembershipHandler(SimpleNamespace(membership_view=lambda: None, next_rendezvous=lambda: "info"),
+                                "any-failed")
+    barrier.next_rendezvous()
+    assert barrier.dead_group_ranks() is None  # ft-barrier: its view has no such table
