@@ -27,25 +27,29 @@ def _config(root: Path, callback: str, exc: str) -> dict:
             "fail": {"step": FAIL_STEP, "exc": exc, "rank": 1, "cycle": 0}}
 
 
-def _check_resumed_at_the_survivors_state(root: Path, events: list[dict], source: str) -> None:
+def _check_resumed_at_the_survivors_state(root: Path, events: list[dict], source: str,
+                                          steps: tuple[int, ...] = (FAIL_STEP,)) -> None:
+    """The one state saved (at one of ``steps``) is the survivor's last step, and both restarted
+    ranks resumed from it."""
     saved = events_of(events, "state_saved")
-    assert [(s["cycle"], s["step"], s["source"]) for s in saved] == [(0, FAIL_STEP, source)], saved
+    assert [(s["cycle"], s["step"] in steps, s["source"]) for s in saved] == [(0, True, source)], saved
+    step = saved[0]["step"]
     survivor = {r["global_step"]: r["hash"] for r in reports(root, 0, 0, "step")}
-    # The survivor completed step 137 and never got further (the failed rank stopped step 138).
-    assert max(survivor) == FAIL_STEP, sorted(survivor)[-3:]
+    # The survivor completed the saved step and never got further (the failed rank held up the next).
+    assert max(survivor) == step, sorted(survivor)[-3:]
     for rank in (0, 1):
         started = reports(root, rank, 1, "started")[0]
-        assert started["global_step"] == FAIL_STEP, started  # not 100: the periodic checkpoint
-        assert started["hash"] == survivor[FAIL_STEP], (rank, started["hash"], survivor[FAIL_STEP])
-        assert started["ckpt_path"].endswith(f"state-{FAIL_STEP:010d}.pt"), started["ckpt_path"]
+        assert started["global_step"] == step, started  # not 100: the periodic checkpoint
+        assert started["hash"] == survivor[step], (rank, started["hash"], survivor[step])
+        assert started["ckpt_path"].endswith(f"state-{step:010d}.pt"), started["ckpt_path"]
         assert reports(root, rank, 1, "fit_end")[0]["global_step"] == MAX_STEPS
     # The periodic checkpoint the user's script passed was there, and older.
     assert (root / "ckpt" / "last.ckpt").exists()
     assert [c["cycle"] for c in events_of(events, "cycle_start")] == [0, 1]
     # each rank told the launcher where it resumed from (ft_report's steps redone)
     resumed = sorted((r["cycle"], r["rank"], r["step"], r["source"]) for r in events_of(events, "resumed"))
-    assert resumed == [(0, 0, 0, "scratch"), (0, 1, 0, "scratch"), (1, 0, FAIL_STEP, "jit"),
-                       (1, 1, FAIL_STEP, "jit")], resumed
+    assert resumed == [(0, 0, 0, "scratch"), (0, 1, 0, "scratch"), (1, 0, step, "jit"),
+                       (1, 1, step, "jit")], resumed
     assert events_of(events, "result")[0]["outcome"] == "succeeded"
 
 
@@ -80,7 +84,10 @@ def test_a_hang_at_step_137_resumes_at_137_from_the_blocked_survivors_copy(tmp_p
     assert result.returncode == 0, result.stderr[-5000:]
     events = read_events(tmp_path / "events.jsonl")
     assert any(f["cycle"] == 0 and f["cause_kind"] == "hang" for f in events_of(events, "failure"))
-    _check_resumed_at_the_survivors_state(root, events, "blocked")
+    # Rank 1's monitor ends it with SIGCONT, then SIGTERM, which Lightning's handler notes while
+    # the step goes on: continued, rank 1 may finish its step 138 with the survivor. When the
+    # survivor's own request comes after that (CI saw it once), it saves 138, as consistent as 137.
+    _check_resumed_at_the_survivors_state(root, events, "blocked", steps=(FAIL_STEP, FAIL_STEP + 1))
     assert not reports(root, 0, 0, "exception")  # the survivor was blocked, then stopped: no exception path
 
 
