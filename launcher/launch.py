@@ -290,7 +290,8 @@ class LauncherRun:
             parts=NodeParts(monitors=monitors, control=control, events=events, starts=starts, workers=workers),
             stop=StopSettings(term_timeout=term_timeout, workers_stop_timeout=options.workers_stop_timeout,
                               reassert_signal_handlers=signals.reinstall,
-                              stop_signal_delivered=signals.stop_delivered, helper_pids=self._helpers),
+                              stop_signal_delivered=signals.stop_delivered, helper_pids=self._helpers,
+                              stop_signal=lambda: signals.first_stop),
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
         )
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))

@@ -123,6 +123,12 @@ class SignalHandling:
         self._may_raise = False
 
     @property
+    def first_stop(self) -> signal.Signals | None:
+        """The first stop signal that arrived, as soon as it arrived (None before one); unlike
+        :attr:`stop_signal`, known before the job-wide decision."""
+        return self._first_arrived
+
+    @property
     def stop_signal(self) -> signal.Signals | None:
         """The first stop signal received (None before one arrived)."""
         return self._stop[0] if self._stop is not None else None

@@ -46,6 +46,8 @@ class StopSettings:
             not send it again (see :mod:`launcher.node.signals`).
         helper_pids: Processes of the launcher that are not leftovers of workers (the sentinel);
             read each time leftovers are killed (the run's ``HelperPids`` gives the pids of then).
+        stop_signal: ``f()``: the stop signal the launcher received, None before one (the agent
+            then tells the other nodes that this node leaves before it stops its workers).
     """
 
     term_timeout: float
@@ -53,6 +55,7 @@ class StopSettings:
     reassert_signal_handlers: Callable[[], None] | None = None
     stop_signal_delivered: Callable[[signal.Signals], bool] | None = None
     helper_pids: Collection[int] = ()
+    stop_signal: Callable[[], signal.Signals | None] | None = None
 
 
 class WorkerStop:

@@ -164,6 +164,10 @@ def test_min_healthy_spares_wait_until_the_healthy_nodes_fall_below_the_minimum(
         c.proc.send_signal(signal.SIGTERM)
         job.wait(lambda: job.runs() == [6, 6] and job.world_size() == 6, 60, "the second run, with d and e")
         assert [n for n in (a, d, e) if n.cycles()[-1][1] != 3] == [], job.state()
+        # b and c, stopped by a signal to their launchers, said they left before stopping their
+        # workers: node a's records (torch restarted it for the spares once c was gone from the
+        # round) name a node that left, never a lost one (a lost node counts as bad for autoresume)
+        assert {f["root_outcome"] for f in a.events("failure")} <= {"left"}, a.events("failure")
 
         # 4. the end: every node left exits 0
         (tmp_path / "finish").touch()
