@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import logging
 import signal
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -520,22 +519,12 @@ class FaultTolerantAgent(LocalElasticAgent):
         :meth:`launcher.node.worker_stop.WorkerStop.stop`'s; :attr:`stopped_cleanly` tells how
         it ended. No ``timeout`` (torch < 2.12 calls it without one) means ``--term-timeout``.
         """
-        self._publish_stopped_by_signal(death_sig)
-        self.stopped_cleanly = self._stopper.stop(super()._shutdown, death_sig, timeout, self.cycle)
-
-    def _publish_stopped_by_signal(self, death_sig: signal.Signals) -> None:
-        """A stop signal to this launcher stops its running workers: first tell the other nodes
-        that this node leaves (its ranks published as ``left``), so that their records name this
-        node's leaving, not a lost node (rule 0 of :mod:`launcher.decision.culprit`): a node whose
-        launcher was stopped is not a bad node. Bounded: a store that does not answer must not
-        hold up the stop."""
         stop_signal = self._stopper.settings.stop_signal
-        sig = stop_signal() if stop_signal is not None else None
-        if sig is None or sig != death_sig or self._phase not in (AgentPhase.STARTING, AgentPhase.RUNNING):
-            return
-        worker_group, pids = self.get_worker_group(), dict(self._cycle_workers.pids)
-        publish = threading.Thread(target=self._failures.publish_leaving, name="ft-publish-leaving", daemon=True,
-                                   args=(worker_group, pids, f"its launcher got {sig.name}"))
-        publish.start()
-        publish.join(LEAVING_PUBLISH_BOUND)
+        if stop_signal is not None and stop_signal() == death_sig and self._phase in (AgentPhase.STARTING,
+                                                                                   AgentPhase.RUNNING):
+            # stopped by a signal to this launcher: say this node leaves before its ranks die, so
+            # that its peers name a node that left, not a lost (bad) one (rule 0 of culprit)
+            self._failures.publish_leaving(self.get_worker_group(), dict(self._cycle_workers.pids),
+                                           f"its launcher got {death_sig.name}", bound=LEAVING_PUBLISH_BOUND)
+        self.stopped_cleanly = self._stopper.stop(super()._shutdown, death_sig, timeout, self.cycle)
 

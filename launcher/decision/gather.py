@@ -145,13 +145,21 @@ class CycleFailures:
                 record = dataclasses.replace(record, pid=self._workers.worker_pid(record.pid))
             self._events.failure(record, reason if record.kind != KIND_TERMINATED else stopped_reason)
 
-    def publish_leaving(self, worker_group: Any, pids: Mapping[int, int], cause: str) -> None:
+    def publish_leaving(self, worker_group: Any, pids: Mapping[int, int], cause: str,
+                        bound: float | None = None) -> None:
         """Before this node kills its workers to leave: publish them as this node's view of the
         failure its peers are about to see (rule 0 of :mod:`launcher.decision.culprit`), so that
         the peers name this node's leaving as the root, not their own ranks whose collectives
         fail, and do not wait for a view from a node that is gone. ``pids``: local rank -> pid
-        as torch started it."""
+        as torch started it. With ``bound``, waits at most that many seconds (a store that does
+        not answer must not hold up a stop; the write then goes on in a daemon thread)."""
         if (worker_group.group_world_size or 1) <= 1 or not self._channel.attached:
+            return
+        if bound is not None:
+            publish = threading.Thread(target=self.publish_leaving, name="ft-publish-leaving", daemon=True,
+                                       args=(worker_group, pids, cause))
+            publish.start()
+            publish.join(bound)
             return
         at = time.time()
         left = f"its node left the job ({cause})"
