@@ -12,6 +12,8 @@ states of all nodes are compared (each node publishes its own through the rendez
    nodes' clocks): the leaving node publishes its ranks as :data:`LEFT` before it kills them, and
    its peers' collectives fail because of that. A rank that progressed after the leaving was not
    blocked by it: a workload without collectives can run on in the same round and fail later.
+   Of several leavings, the earliest that qualifies (under ``min-healthy`` a node may leave, the
+   others train on, and a later leaving takes the round below the minimum).
 1. A crash (a non-zero exit or a signal the launcher did not send) observed before any hang was
    detected is the root, with its own time: the earliest crash. A survivor whose timeout fires
    during the grace after a crash is collateral.
@@ -287,13 +289,14 @@ def choose_root(states: Iterable[RankState], lost: Sequence[LostNode] = (),
         A reported rank; for rules 4 to 6 the :func:`lost_root` of ``lost``; None if nobody failed.
     """
     states = list(states)
-    left = min((s for s in states if s.outcome == LEFT), default=None, key=lambda s: (
+    lefts = sorted((s for s in states if s.outcome == LEFT), key=lambda s: (
         s.event_at if s.event_at is not None else math.inf, _rank_key(s)))
     first_failure_at = min((s.event_at for s in states if s.outcome in (CRASH, HANG) and s.event_at is not None),
                            default=math.inf)
-    if left is not None and (left.event_at is None or left.event_at - HOLDING_UP_SKEW <= first_failure_at) \
-            and not _progressed_after(states, left):
-        return left
+    for left in lefts:  # the first leaving that held the others up (an earlier one they outlived is not)
+        if (left.event_at is None or left.event_at - HOLDING_UP_SKEW <= first_failure_at) \
+                and not _progressed_after(states, left):
+            return left
     crashes = sorted((s for s in states if s.outcome == CRASH and s.event_at is not None),
                      key=lambda s: (s.event_at, _rank_key(s)))
     hangs = [s for s in states if s.outcome == HANG]

@@ -98,6 +98,9 @@ def state(rank: int, outcome: str, *, at: float | None = None, last: float | Non
                  id="crash-after-progress-since-left"),
     pytest.param([state(0, CRASH, at=T + 0.05, last=T - 0.2), state(1, LEFT, at=T, node="b", group=1)], 1,
                  id="left-while-the-crashed-rank-waited"),
+    # min-healthy: b left, rank 0 trained on; c's later leaving is what stopped it
+    pytest.param([state(0, STOPPED, last=T + 50), state(1, LEFT, at=T, node="b", group=1),
+                  state(2, LEFT, at=T + 60, node="c", group=2)], 2, id="the-later-leaving-that-held-it-up"),
 ])
 def test_the_root_is_the_rank_that_stopped_first(states, root):
     found = choose_root(states)
