@@ -14,6 +14,7 @@
         first creates ``<report_dir>/saving`` (the test knows a save is in progress)
     shared_copy: track_state gets ``ckpt_dir``: saves are copied to ``<ckpt_dir>/ft_jit_state/``
     corrupt_saved_state: rank 0 flips a byte of the state it saved in its exception path, then exits
+        (it ignores SIGTERM, so the launcher's stop cannot come between the save and the flip)
     linger: {"rank": R, "until": PATH, "seconds": S}: after its training ended (monitoring shut down
         as finished), rank R reports ``lingering`` and waits until PATH exists (at most S seconds)
         before it exits: a rank still shutting down when another node's rank is gone
@@ -80,6 +81,9 @@ def main() -> int:
     ft_integration.track_state(model, optimizer, extra=extra,
                                checkpoint_dir=cfg["ckpt_dir"] if cfg.get("shared_copy") else None)
     if cfg.get("corrupt_saved_state") and rank == 0:
+        # The launcher stops a survivor with SIGTERM once its peer failed; that must not end it
+        # between its save and the corruption below (CI saw it once): it exits by itself, at once.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         saving_hook = sys.excepthook
 
         def corrupt_after_save(*args: Any) -> None:
